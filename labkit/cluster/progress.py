@@ -1,0 +1,31 @@
+"""A live progress bar for a run: a widget in a notebook, text in a terminal."""
+
+from __future__ import annotations
+
+
+class RunProgress:
+    """Tracks each rank's reported progress and shows the slowest rank's."""
+
+    def __init__(self, world_size: int, enabled: bool = True):
+        self._done = [0] * world_size
+        self._enabled = enabled
+        self._bar = None
+
+    def update(self, rank: int, done: int, total: int, desc: str) -> None:
+        if not self._enabled:
+            return
+        self._done[rank] = done
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc or "run", unit="step", leave=True)
+        if desc:
+            self._bar.set_description(desc, refresh=False)
+        self._bar.total = total
+        slowest = min(self._done)
+        self._bar.update(slowest - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,8 @@
+"""Plots: each function takes results and returns a matplotlib Figure. Plots never launch."""
+
+from labkit.plots.comm import plot_all_reduce
+from labkit.plots.display import figure_png, register_ipython_display
+
+register_ipython_display()
+
+__all__ = ["figure_png", "plot_all_reduce"]

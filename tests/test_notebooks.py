@@ -1,0 +1,52 @@
+"""Execute every notebook at smoke size under papermill and check the values it recorded."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.notebook_checks import NOTEBOOKS
+
+REPO = Path(__file__).resolve().parent.parent
+ALL = sorted((REPO / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT_S = 240
+
+
+def _failure_report(notebook: Path, executed: Path, error) -> str:
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    tail = "\n".join(ansi.sub("", line) for line in error.traceback[-12:])
+    return (f"{notebook.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}\n"
+            f"--- cell source ---\n{error.source}\n--- traceback (end) ---\n{tail}\n"
+            f"executed notebook kept at {executed}")
+
+
+def test_every_notebook_is_covered():
+    assert ALL, "no notebooks found"
+    missing = [nb.stem for nb in ALL if nb.stem not in NOTEBOOKS]
+    assert not missing, f"add smoke parameters and checks to tests/notebook_checks.py: {missing}"
+
+
+@pytest.mark.parametrize("notebook", ALL, ids=lambda p: p.stem)
+def test_notebook_runs_and_records_results(notebook: Path, tmp_path: Path):
+    import papermill
+
+    if notebook.stem not in NOTEBOOKS:
+        pytest.fail(f"{notebook.name} has no entry in tests/notebook_checks.py")
+    parameters, check = NOTEBOOKS[notebook.stem]
+    results_path = tmp_path / "results.json"
+    executed = tmp_path / notebook.name
+    failure = None
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(executed), kernel_name="python3", cwd=str(notebook.parent),
+            parameters={**parameters, "results_path": str(results_path)},
+            execution_timeout=CELL_TIMEOUT_S, progress_bar=False)
+    except papermill.PapermillExecutionError as error:
+        failure = _failure_report(notebook, executed, error)
+    if failure:
+        pytest.fail(failure)
+    assert results_path.exists(), f"{notebook.name} recorded no results"
+    check(json.loads(results_path.read_text()))
