@@ -24,6 +24,7 @@ from labkit.cluster.hardware import gpu_count, physical_cores
 from labkit.cluster.processes import Processes, RankHandle
 from labkit.cluster.progress import RunProgress
 from labkit.cluster.rank import RankSpec
+from labkit.memory import DeviceOOM, parse_bytes
 
 DEVICES = ("auto", "cpu", "cuda")
 FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the others' reports
@@ -70,12 +71,17 @@ class Cluster:
         world_size: number of ranks (processes), one device each.
         device: "cuda" (one GPU per rank, NCCL), "cpu" (virtual GPUs: one core each, gloo),
             or "auto" (GPUs when there are enough, else CPU).
+        memory_per_device: each device's capacity ("2GB", "512MiB", bytes, or None for the
+            whole device). On a virtual GPU labkit enforces it; on a GPU CUDA's allocator is
+            limited to it. Past it, ``labkit.DeviceOOM``. Can be changed between runs.
         progress: show a live progress bar when ranks call ``ctx.progress``.
         start_timeout: seconds allowed for the ranks to start and join the process group.
     """
 
-    def __init__(self, world_size: int, device: str = "auto", *, progress: bool = True,
+    def __init__(self, world_size: int, device: str = "auto", *,
+                 memory_per_device: int | str | None = None, progress: bool = True,
                  start_timeout: float = 120.0):
+        self.memory_per_device = memory_per_device  # validated before any process starts
         self.device = _resolve_device(world_size, device)
         self.backend = "nccl" if self.device == "cuda" else "gloo"
         self.progress = progress
@@ -140,6 +146,15 @@ class Cluster:
             self._store = None
 
     @property
+    def memory_per_device(self) -> int | None:
+        """Each device's capacity in bytes (None: the whole device)."""
+        return self._capacity_bytes
+
+    @memory_per_device.setter
+    def memory_per_device(self, value: int | str | None) -> None:
+        self._capacity_bytes = parse_bytes(value)
+
+    @property
     def closed(self) -> bool:
         return not self._finalizer.alive
 
@@ -153,9 +168,9 @@ class Cluster:
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> RunResults:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; return the results in rank order.
 
-        Raises ``RankError`` if any rank raises or dies, ``RunTimeout`` after ``timeout``
-        seconds. Either way, and on KeyboardInterrupt, the ranks are stopped and restart on
-        the next run.
+        Raises ``DeviceOOM`` if a rank runs out of device memory, ``RankError`` if any rank
+        raises otherwise or dies, ``RunTimeout`` after ``timeout`` seconds. In every case,
+        and on KeyboardInterrupt, the ranks are stopped and restart on the next run.
         """
         if self.closed:
             raise ClusterError("this cluster is closed: create a new labkit.Cluster")
@@ -170,8 +185,9 @@ class Cluster:
             self._start()  # after a failure: fresh ranks, a fresh process group
         self._job_id += 1
         started = time.monotonic()
+        options = {"capacity_bytes": self._capacity_bytes}
         for handle in self._procs.ranks:
-            handle.conn.send(("run", self._job_id, payload))
+            handle.conn.send(("run", self._job_id, payload, options))
         progress = RunProgress(self.world_size, enabled=self.progress)
         try:
             values = self._collect(self._job_id, started, timeout, progress)
@@ -242,13 +258,18 @@ class Cluster:
         _, _, type_name, text, tb, _ = message
         return f"raised {type_name}", f"{type_name}: {text}", tb
 
-    def _rank_error(self, failures: list) -> RankError:
+    def _rank_error(self, failures: list) -> RankError | DeviceOOM:
+        # An OOM anywhere is the root cause: the others fail because that rank stopped.
+        failures = sorted(failures, key=lambda f: f[1][0] != "error" or f[1][2] != "DeviceOOM")
         handle, message = failures[0]
         _, text, tb = self._describe(handle, message)
         exitcode = self._procs.exitcode(handle.pid) if message[0] == "died" else None
         exception = None
         if message[0] == "error" and message[5] is not None:
             exception = cloudpickle.loads(message[5])
+        if isinstance(exception, DeviceOOM):
+            exception.remote_traceback = tb
+            return exception
         others = tuple(f"rank {h.rank}: {self._describe(h, m)[0]}" for h, m in failures[1:])
         return RankError(handle.rank, text, tb, exitcode, exception, others)
 

@@ -19,7 +19,8 @@ from multiprocessing.connection import Connection, wait
 from labkit.cluster.errors import ClusterError
 
 # Imported once by the zygote so that every forked rank has them for free.
-ZYGOTE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "labkit.cluster.rank")
+ZYGOTE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "labkit.cluster.rank",
+                  "labkit.memory", "labkit.models")
 EXIT_WAIT_S = 5.0
 
 

@@ -23,6 +23,9 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from labkit.memory import MemoryTracker
+from labkit.memory.capacity import apply_capacity, as_device_oom
+
 PROGRESS_INTERVAL_S = 0.1  # at most ten progress messages a second per rank
 
 
@@ -79,6 +82,9 @@ class RankContext:
     """What a function run on the cluster receives as its first argument, ``ctx``.
 
     ``state`` is a dict that lives on the rank across runs (keep a model there between cells).
+    ``memory`` tracks this rank's device memory by category; with a capacity set
+    (``Cluster(memory_per_device=...)``) every job runs inside it and an allocation past the
+    capacity raises ``labkit.DeviceOOM``.
     """
 
     rank: int
@@ -87,6 +93,7 @@ class RankContext:
     backend: str
     group: Any
     oversubscribed: bool
+    memory: MemoryTracker
     state: dict = field(default_factory=dict)
     _channel: Any = field(default=None, repr=False)
     _job_id: int = field(default=0, repr=False)
@@ -159,15 +166,27 @@ def _error_message(job_id: int | None, exc: BaseException, skip_frames: int = 0)
     return ("error", job_id, type(exc).__name__, str(exc), text, exc_bytes)
 
 
-def _run_job(ctx: RankContext, channel: _Channel, job_id: int, payload: bytes) -> None:
+def _call(ctx: RankContext, fn, args, kwargs):
+    """Run the learner's function; under the memory tracker when the device has a capacity."""
+    if ctx.memory.capacity_bytes is None:
+        return fn(ctx, *args, **kwargs)
+    with ctx.memory:
+        return fn(ctx, *args, **kwargs)
+
+
+def _run_job(ctx: RankContext, channel: _Channel, job_id: int, payload: bytes,
+             options: dict) -> None:
     ctx._job_id, ctx._last_progress = job_id, 0.0
     try:
+        apply_capacity(ctx.memory, ctx.device, options.get("capacity_bytes"))
         fn, args, kwargs = cloudpickle.loads(payload)
-        result = fn(ctx, *args, **kwargs)
+        result = _call(ctx, fn, args, kwargs)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the notebook
+        if isinstance(exc, torch.OutOfMemoryError):
+            exc = as_device_oom(exc, ctx.memory, ctx.device).with_traceback(exc.__traceback__)
         sys.stdout.flush()
         sys.stderr.flush()
-        channel.send(_error_message(job_id, exc, skip_frames=1))
+        channel.send(_error_message(job_id, exc, skip_frames=2))
         return
     sys.stdout.flush()
     sys.stderr.flush()
@@ -195,7 +214,7 @@ def main(fd: int, spec: RankSpec) -> None:
         channel.send(_error_message(None, exc))
         os._exit(1)
     ctx = RankContext(spec.rank, spec.world_size, device, spec.backend, dist.group.WORLD,
-                      spec.oversubscribed, _channel=channel)
+                      spec.oversubscribed, MemoryTracker(spec.rank), _channel=channel)
     channel.send(("ready", {"rank": spec.rank, "pid": os.getpid(), "device": str(device),
                             "backend": spec.backend, "threads": torch.get_num_threads()}))
     while True:
@@ -203,4 +222,4 @@ def main(fd: int, spec: RankSpec) -> None:
             message = channel.conn.recv()
         except (EOFError, OSError):
             os._exit(0)  # the notebook went away
-        _run_job(ctx, channel, message[1], message[2])
+        _run_job(ctx, channel, *message[1:])

@@ -1,0 +1,23 @@
+"""The model zoo: an MLP, a GPT-style decoder and a DLRM-style recommender, each from a small
+typed config, each with deterministic synthetic data from a hidden teacher (nothing downloads)."""
+
+from labkit.models.dlrm import DLRM, DLRMConfig
+from labkit.models.gpt import GPT, GPTConfig
+from labkit.models.mlp import MLP, MLPConfig
+from labkit.models.zoo import (
+    GPT_7B,
+    GPT_70B,
+    ModelConfig,
+    build_model,
+    config_for,
+    count_parameters,
+    example_batch,
+    loss_fn,
+    make_batch,
+    sized,
+    to_device,
+)
+
+__all__ = ["DLRM", "GPT", "GPT_7B", "GPT_70B", "MLP", "DLRMConfig", "GPTConfig", "MLPConfig",
+           "ModelConfig", "build_model", "config_for", "count_parameters", "example_batch",
+           "loss_fn", "make_batch", "sized", "to_device"]

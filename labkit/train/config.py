@@ -1,0 +1,60 @@
+"""What to train and how: one typed config, checked before any process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from labkit.models import MLPConfig, ModelConfig, config_for
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+PRECISIONS = ("fp32", "bf16", "mixed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run.
+
+    Attributes:
+        model: a zoo config (``labkit.models.MLPConfig()``...) or a zoo name ("mlp").
+        strategy: "single" (one device), "naive_dp" (hand-written AllReduce), "ddp".
+        global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
+        steps: optimizer steps; the first also builds lazy state and is left out of timings.
+        precision: "fp32"; "bf16" (weights and compute in bfloat16); "mixed" (fp32 weights,
+            bfloat16 autocast).
+        bucket_cap_mb: DDP's gradient bucket size.
+    """
+
+    model: ModelConfig = field(default_factory=MLPConfig)
+    strategy: str = "single"
+    global_batch: int = 64
+    steps: int = 5
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    precision: str = "fp32"
+    seed: int = 0
+    bucket_cap_mb: float = 25.0
+
+    def __post_init__(self):
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", config_for(self.model))
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: choose from {OPTIMIZERS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}: choose from {PRECISIONS}")
+        if self.steps < 1 or self.global_batch < 1:
+            raise ValueError("steps and global_batch must be at least 1")
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["model"] = {"name": self.model.name, **dataclasses.asdict(self.model)}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        data = dict(data)
+        model = dict(data.pop("model"))
+        return cls(model=config_for(model.pop("name"), **model), **data)

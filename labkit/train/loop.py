@@ -1,0 +1,65 @@
+"""The training loop every strategy shares, run on each rank (``fn`` of ``cluster.run``)."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from labkit.comm.meter import CommMeter
+from labkit.memory.capacity import on_host
+from labkit.memory.tracker import relabel_live
+from labkit.models import build_model, loss_fn, make_batch, to_device
+from labkit.train.config import TrainConfig
+from labkit.train.step import make_optimizer, run_step, weight_dtype
+from labkit.train.strategy import local_slice, strategy_for
+
+
+def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
+    """Communication time not hidden behind computation."""
+    if not strategy.overlaps_comm:
+        return meter.busy_s
+    if not meter.intervals:
+        return 0.0
+    # Overlapped (DDP): once the last bucket is ready, backward has no compute left, so the
+    # rest of backward is spent waiting for AllReduce.
+    last_ready = max(start for start, _ in meter.intervals)
+    return min(timing["backward_s"], max(0.0, timing["backward_end"] - last_ready))
+
+
+def train_on_rank(ctx, config_dict: dict) -> dict:
+    """Train ``config`` on this rank; return its losses, phase times, traffic and memory."""
+    config = TrainConfig.from_dict(config_dict)
+    strategy = strategy_for(config.strategy)
+    meter = CommMeter()
+    synchronize = torch.cuda.synchronize if ctx.device.type == "cuda" else None
+    records = []
+    gc.collect()  # what earlier runs left in reference cycles would still hold device memory
+    with ctx.memory as tracker:
+        tracker.reset_peak()
+        model = build_model(config.model, ctx.device, config.seed,
+                            weight_dtype(config.precision))
+        model = strategy.wrap(ctx, model, meter, config)
+        optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+        tracker.track_external(model, optimizer)
+        relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets): "other"
+        for step in range(config.steps):
+            with on_host():  # making data is the host's job; the device holds its own copy
+                batch = make_batch(config.model, step, config.global_batch, config.seed)
+                if strategy.shards_batch:
+                    batch = local_slice(batch, ctx.rank, ctx.world_size)
+            batch = to_device(batch, ctx.device, copy=True)
+            meter.reset()
+            timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
+                              lambda: strategy.sync_gradients(ctx, model, meter), synchronize)
+            del batch
+            exposed = _exposed_comm(strategy, timing, meter)
+            records.append({
+                "loss": timing["loss"].item(), "step_s": timing["step_s"],
+                "forward_s": timing["forward_s"], "backward_s": timing["backward_s"],
+                "optimizer_s": timing["optimizer_s"], "comm_s": exposed,
+                "compute_s": timing["step_s"] - exposed, "comm_busy_s": meter.busy_s,
+                "comm_bytes": meter.bytes, "comm_calls": meter.calls,
+                "live_bytes": tracker.live()["total"]})
+            ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
+    return {"rank": ctx.rank, "records": records, "memory": tracker.report()}

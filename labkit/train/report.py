@@ -1,0 +1,116 @@
+"""What a training run reports: per-rank records, summarised; saved and loaded as JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.memory.oom import CATEGORIES
+from labkit.memory.units import format_bytes
+from labkit.train.config import TrainConfig
+
+
+@dataclass
+class TrainReport:
+    config: TrainConfig
+    world_size: int
+    device: str
+    backend: str
+    oversubscribed: bool
+    ranks: list[dict]
+    estimate: dict | None = None
+    where: str = "measured here"
+    extra: dict = field(default_factory=dict)
+
+    # ----- summaries (the slowest rank sets the pace of every step) -----------------------
+    @property
+    def steps(self) -> int:
+        return len(self.ranks[0]["records"])
+
+    def _per_step(self, key: str, reduce=max) -> list[float]:
+        return [reduce(r["records"][s][key] for r in self.ranks) for s in range(self.steps)]
+
+    @property
+    def losses(self) -> list[float]:
+        """The global batch's loss per step: the mean of the ranks' equal-sized slices."""
+        return self._per_step("loss", lambda values: statistics.fmean(values))
+
+    @property
+    def step_s(self) -> list[float]:
+        return self._per_step("step_s")
+
+    def _timed(self, values: list[float]) -> float:
+        """Median over steps, leaving out the first (lazy set-up) when there are others."""
+        return statistics.median(values[1:] if len(values) > 1 else values)
+
+    @property
+    def median_step_s(self) -> float:
+        return self._timed(self.step_s)
+
+    def split(self) -> dict[str, float]:
+        """Median step time of the slowest rank, split into compute and exposed communication."""
+        slowest = [max(self.ranks, key=lambda r: r["records"][s]["step_s"])["records"][s]
+                   for s in range(self.steps)]
+        keys = ("step_s", "compute_s", "comm_s", "comm_busy_s", "forward_s", "backward_s",
+                "optimizer_s")
+        return {k: self._timed([rec[k] for rec in slowest]) for k in keys}
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.config.global_batch / self.median_step_s
+
+    @property
+    def comm_bytes_per_step(self) -> int:
+        return self.ranks[0]["records"][-1]["comm_bytes"]
+
+    @property
+    def peak_bytes(self) -> list[int]:
+        return [r["memory"]["peak_bytes"] for r in self.ranks]
+
+    def estimate_error(self) -> float | None:
+        """|estimated - measured| / measured, for the rank with the highest measured peak."""
+        if not self.estimate:
+            return None
+        measured = max(self.peak_bytes)
+        return abs(self.estimate["peak_bytes"] - measured) / measured
+
+    # ----- saving ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "world_size": self.world_size,
+                "device": self.device, "backend": self.backend,
+                "oversubscribed": self.oversubscribed, "ranks": self.ranks,
+                "estimate": self.estimate, "where": self.where, "extra": self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainReport:
+        data = dict(data)
+        data["config"] = TrainConfig.from_dict(data["config"])
+        return cls(**data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainReport:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def _repr_html_(self) -> str:
+        split = self.split()
+        memory = self.ranks[0]["memory"]
+        parts = ", ".join(f"{c} {format_bytes(memory['at_peak'][c])}" for c in CATEGORIES)
+        note = " (oversubscribed: ranks share cores)" if self.oversubscribed else ""
+        est = ""
+        if self.estimate:
+            est = (f"; estimated {format_bytes(self.estimate['peak_bytes'])} "
+                   f"({100 * self.estimate_error():.1f}% off)")
+        return (f"<b>{self.config.strategy} on {self.world_size} {self.device} ranks, "
+                f"{self.where}{note}</b><br>loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"
+                f" in {self.steps} steps; step {split['step_s'] * 1e3:.1f} ms (compute "
+                f"{split['compute_s'] * 1e3:.1f}, communication {split['comm_s'] * 1e3:.1f}); "
+                f"{self.samples_per_s:.0f} samples/s<br>peak memory, rank 0: "
+                f"{format_bytes(memory['peak_bytes'])} during {memory['peak_phase']} "
+                f"({parts}){est}")

@@ -1,0 +1,58 @@
+"""The interface every parallel strategy implements, and the registry of strategies.
+
+A strategy decides three things in the shared training loop (``loop.py``): how the model is
+wrapped, which slice of the global batch a rank trains on, and what communication happens
+between backward and the optimizer step. Measurement stays in the loop, shared by all.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from labkit.comm.meter import CommMeter
+
+
+class Strategy:
+    """One device, no communication: the baseline every other strategy is compared with."""
+
+    name = "single"
+    shards_batch = False  # data-parallel strategies train on a slice of the global batch
+    overlaps_comm = False  # communication runs inside backward (DDP) rather than after it
+
+    def check(self, world_size: int, global_batch: int) -> None:
+        """Raise ValueError, before any process starts, if this cannot run as asked."""
+        if world_size != 1:
+            raise ValueError(f"strategy 'single' trains on one device, not {world_size}: use "
+                             "labkit.Cluster(1) or a data-parallel strategy such as 'ddp'")
+
+    def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
+        return model
+
+    def sync_gradients(self, ctx, model: nn.Module, meter: CommMeter) -> None:
+        """Called after backward, before the optimizer step."""
+
+
+class DataParallelBase(Strategy):
+    shards_batch = True
+
+    def check(self, world_size: int, global_batch: int) -> None:
+        if global_batch % world_size:
+            raise ValueError(f"global_batch {global_batch} does not split evenly over "
+                             f"{world_size} ranks: choose a multiple of {world_size}")
+
+
+def strategy_for(name: str) -> Strategy:
+    from labkit.data_parallel import DDPStrategy, NaiveDataParallel
+
+    strategies = {"single": Strategy, "naive_dp": NaiveDataParallel, "ddp": DDPStrategy}
+    if name not in strategies:
+        raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(strategies)}")
+    return strategies[name]()
+
+
+def local_slice(global_batch_value, rank: int, world_size: int):
+    """Rank ``rank``'s equal share of a batch (a tensor or a tuple of tensors)."""
+    if isinstance(global_batch_value, tuple):
+        return tuple(local_slice(v, rank, world_size) for v in global_batch_value)
+    share = global_batch_value.shape[0] // world_size
+    return global_batch_value[rank * share:(rank + 1) * share]
