@@ -1,6 +1,6 @@
 """labkit: run distributed training for real from a notebook, and see why it pays."""
 
-from labkit import plots
+from labkit import models, plots, widgets
 from labkit.cluster import (
     Cluster,
     ClusterError,
@@ -11,10 +11,16 @@ from labkit.cluster import (
     RunTimeout,
 )
 from labkit.comm import CollectiveTimings, time_all_reduce
+from labkit.memory import DeviceOOM, format_bytes, parse_bytes
+from labkit.memory.boundary import BoundaryMap, sweep_boundary
+from labkit.memory.estimate import MemoryEstimate, estimate_memory, model_state_bytes
 from labkit.results import record_results
+from labkit.train import TrainConfig, TrainReport, train
 
 __version__ = "0.1.0"
 
-__all__ = ["Cluster", "ClusterError", "CollectiveTimings", "OversubscriptionWarning", "plots",
-           "RankContext", "RankError", "RunResults", "RunTimeout", "record_results",
-           "time_all_reduce"]
+__all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
+           "MemoryEstimate", "OversubscriptionWarning", "RankContext", "RankError",
+           "RunResults", "RunTimeout", "TrainConfig", "TrainReport", "estimate_memory",
+           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
+           "record_results", "sweep_boundary", "time_all_reduce", "train", "widgets"]

@@ -18,7 +18,24 @@ def check_00(results: dict) -> None:
     assert all(r["seconds"] > 0 and r["busbw_GBps"] > 0 for r in rows)
 
 
+def check_01(results: dict) -> None:
+    measured = results["measured_peak"]
+    assert abs(results["estimated_peak"] - measured) < 0.1 * measured
+    assert measured <= results["capacity"]
+    assert sum(v for k, v in results["at_peak"].items() if k != "total") == measured
+    oom = results["oom"]
+    assert oom is not None, "the largest size was meant to run out of memory"
+    assert oom["in_use"] + oom["requested"] > oom["capacity"] >= oom["in_use"]
+    assert results["big_models"]["7B"] > 80e9  # does not fit one 80 GB GPU
+    assert results["boundary_agreement"] >= 0.8
+    fits = [c["fits"] for c in results["boundary"]["cells"]]
+    assert any(fits) and not all(fits)
+    assert results["losses"][-1] < results["losses"][0]
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
+    "01_the_memory_wall": ({"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
+                            "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
 }

@@ -42,13 +42,14 @@ class RunResults(list):
     """Per-rank return values in rank order, plus how they were obtained."""
 
     def __init__(self, values, *, world_size: int, device: str, backend: str,
-                 oversubscribed: bool, seconds: float):
+                 oversubscribed: bool, seconds: float, shared_gpus: bool = False):
         super().__init__(values)
         self.world_size, self.device, self.backend = world_size, device, backend
-        self.oversubscribed, self.seconds = oversubscribed, seconds
+        self.oversubscribed, self.seconds, self.shared_gpus = oversubscribed, seconds, shared_gpus
 
 
-def _resolve_device(world_size: int, device: str) -> str:
+def _resolve_device(world_size: int, device: str, capacity_bytes: int | None) -> tuple[str, bool]:
+    """(device type, whether ranks share GPUs), or a clear error before any process starts."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"world_size must be a whole number, got {world_size!r}")
     if world_size < 1:
@@ -57,11 +58,14 @@ def _resolve_device(world_size: int, device: str) -> str:
         raise ValueError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
     gpus = gpu_count()
     if device == "cuda" and world_size > gpus:
+        if gpus and capacity_bytes is not None:
+            return "cuda", True  # ranks share GPUs, each capped to its share
         raise ValueError(f"asked for {world_size} GPU ranks but this machine has {gpus} GPU(s): "
-                         f"use fewer ranks, or device='cpu' for {world_size} virtual GPUs")
+                         f"use fewer ranks, device='cpu' for {world_size} virtual GPUs"
+                         + (", or memory_per_device=... to share the GPUs" if gpus else ""))
     if device == "auto":
-        return "cuda" if 0 < world_size <= gpus else "cpu"
-    return device
+        return ("cuda" if 0 < world_size <= gpus else "cpu"), False
+    return device, False
 
 
 class Cluster:
@@ -70,7 +74,9 @@ class Cluster:
     Args:
         world_size: number of ranks (processes), one device each.
         device: "cuda" (one GPU per rank, NCCL), "cpu" (virtual GPUs: one core each, gloo),
-            or "auto" (GPUs when there are enough, else CPU).
+            or "auto" (GPUs when there are enough, else CPU). With more "cuda" ranks than
+            GPUs and a ``memory_per_device``, ranks share GPUs (round robin, gloo), each
+            capped to its share; ``shared_gpus`` and results say so.
         memory_per_device: each device's capacity ("2GB", "512MiB", bytes, or None for the
             whole device). On a virtual GPU labkit enforces it; on a GPU CUDA's allocator is
             limited to it. Past it, ``labkit.DeviceOOM``. Can be changed between runs.
@@ -82,8 +88,9 @@ class Cluster:
                  memory_per_device: int | str | None = None, progress: bool = True,
                  start_timeout: float = 120.0):
         self.memory_per_device = memory_per_device  # validated before any process starts
-        self.device = _resolve_device(world_size, device)
-        self.backend = "nccl" if self.device == "cuda" else "gloo"
+        self.device, self.shared_gpus = _resolve_device(world_size, device, self._capacity_bytes)
+        # NCCL refuses two ranks on one GPU: shared GPUs talk over gloo.
+        self.backend = "nccl" if self.device == "cuda" and not self.shared_gpus else "gloo"
         self.progress = progress
         self.start_timeout = start_timeout
         self._procs = Processes()
@@ -115,8 +122,10 @@ class Cluster:
                                         timeout=timedelta(seconds=60))
         self._generation += 1
         for rank in range(self.world_size):
+            gpu = rank % max(1, gpu_count()) if self.device == "cuda" else None
             self._procs.spawn(RankSpec(rank, self.world_size, self.device, self.backend,
-                                       self._store.port, self._generation, self.oversubscribed))
+                                       self._store.port, self._generation, self.oversubscribed,
+                                       gpu_index=gpu))
         pending = {h.rank for h in self._procs.ranks}
         while pending:
             for handle, message in self._poll(pending):
@@ -134,7 +143,8 @@ class Cluster:
 
     def resize(self, world_size: int) -> None:
         """Restart with a different number of ranks (the zygote, and torch, stay loaded)."""
-        _resolve_device(world_size, self.device)
+        _, self.shared_gpus = _resolve_device(world_size, self.device, self._capacity_bytes)
+        self.backend = "nccl" if self.device == "cuda" and not self.shared_gpus else "gloo"
         self._procs.kill_ranks()
         self._set_world_size(world_size)
         self._start()
@@ -198,7 +208,7 @@ class Cluster:
             progress.close()
         return RunResults(values, world_size=self.world_size, device=self.device,
                           backend=self.backend, oversubscribed=self.oversubscribed,
-                          seconds=time.monotonic() - started)
+                          seconds=time.monotonic() - started, shared_gpus=self.shared_gpus)
 
     def _collect(self, job_id: int, started: float, timeout, progress: RunProgress) -> list:
         results: dict[int, object] = {}
@@ -282,6 +292,7 @@ class Cluster:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._procs.ranks)} ranks up"
         note = ", oversubscribed" if self.oversubscribed else ""
+        note += ", GPUs shared" if self.shared_gpus else ""
         return (f"Cluster(world_size={self.world_size}, device={self.device!r}, "
                 f"backend={self.backend!r}{note}; {state})")
 

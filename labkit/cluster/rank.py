@@ -40,6 +40,7 @@ class RankSpec:
     store_port: int
     generation: int  # bumped on every restart, so old rendezvous keys never clash
     oversubscribed: bool
+    gpu_index: int | None = None  # which GPU (ranks may share one), None on CPU
     pg_timeout_s: float = 300.0
 
 
@@ -134,8 +135,8 @@ def _die_with_parent() -> None:
 
 def _init_device(spec: RankSpec) -> torch.device:
     if spec.device_type == "cuda":
-        torch.cuda.set_device(spec.rank)
-        return torch.device("cuda", spec.rank)
+        torch.cuda.set_device(spec.gpu_index)
+        return torch.device("cuda", spec.gpu_index)
     # A virtual GPU: one core's worth of compute.
     torch.set_num_threads(1)
     return torch.device("cpu")
@@ -148,7 +149,7 @@ def _join_group(spec: RankSpec, device: torch.device) -> None:
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
         timeout=timedelta(seconds=spec.pg_timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if spec.backend == "nccl" else None,
     )
 
 

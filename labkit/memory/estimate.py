@@ -105,7 +105,7 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     traced = _traced_step_peak(config, batch)
     at_peak = {c: int(traced["at_peak"][c]) for c in CATEGORIES}
     extras = {}
-    if config.strategy == "ddp" and world_size > 1:
+    if config.strategy == "ddp":  # DDP allocates its buckets even on one rank
         extras["ddp_buckets"] = _ddp_bucket_bytes(config)
         at_peak["other"] += extras["ddp_buckets"]
     return MemoryEstimate(config.strategy, world_size, batch, sum(at_peak.values()),

@@ -5,6 +5,7 @@ from labkit.models.dlrm import DLRM, DLRMConfig
 from labkit.models.gpt import GPT, GPTConfig
 from labkit.models.mlp import MLP, MLPConfig
 from labkit.models.zoo import (
+    BIG_DECODERS,
     GPT_7B,
     GPT_70B,
     ModelConfig,
@@ -18,6 +19,6 @@ from labkit.models.zoo import (
     to_device,
 )
 
-__all__ = ["DLRM", "GPT", "GPT_7B", "GPT_70B", "MLP", "DLRMConfig", "GPTConfig", "MLPConfig",
-           "ModelConfig", "build_model", "config_for", "count_parameters", "example_batch",
-           "loss_fn", "make_batch", "sized", "to_device"]
+__all__ = ["BIG_DECODERS", "DLRM", "GPT", "GPT_7B", "GPT_70B", "MLP", "DLRMConfig", "GPTConfig",
+           "MLPConfig", "ModelConfig", "build_model", "config_for", "count_parameters",
+           "example_batch", "loss_fn", "make_batch", "sized", "to_device"]

@@ -23,6 +23,7 @@ _WIDTH = {"mlp": ("d_hidden", 8), "gpt": ("d_model", 32), "dlrm": ("rows_per_tab
 # Real-world decoders for the estimator (never built for real): GPT-style blocks, 4x MLP.
 GPT_7B = GPTConfig(vocab_size=32_000, seq_len=2048, d_model=4096, n_heads=32, n_layers=32)
 GPT_70B = GPTConfig(vocab_size=32_000, seq_len=2048, d_model=8192, n_heads=64, n_layers=80)
+BIG_DECODERS = {"7B": GPT_7B, "70B": GPT_70B}
 
 
 def config_for(name: str, **fields) -> ModelConfig:

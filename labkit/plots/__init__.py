@@ -2,7 +2,9 @@
 
 from labkit.plots.comm import plot_all_reduce
 from labkit.plots.display import figure_png, register_ipython_display
+from labkit.plots.memory import plot_boundary, plot_estimates, plot_memory_bars
 
 register_ipython_display()
 
-__all__ = ["figure_png", "plot_all_reduce"]
+__all__ = ["figure_png", "plot_all_reduce", "plot_boundary", "plot_estimates",
+           "plot_memory_bars"]

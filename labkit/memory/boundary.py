@@ -1,0 +1,92 @@
+"""The OOM boundary: which (model size, device count) cells fit a memory capacity, measured
+by training each cell for real, beside what the estimator predicts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from labkit.memory.estimate import estimate_memory
+from labkit.memory.oom import DeviceOOM
+from labkit.memory.units import parse_bytes
+from labkit.models import count_parameters, sized
+
+
+@dataclass
+class BoundaryCell:
+    params: int
+    world_size: int
+    fits: bool  # measured: trained without DeviceOOM
+    peak_bytes: int  # measured peak, or at the OOM what was in use plus what was asked for
+    predicted_bytes: int
+    predicted_fits: bool
+
+
+@dataclass
+class BoundaryMap:
+    model: str
+    strategy: str
+    capacity_bytes: int
+    global_batch: int
+    cells: list[BoundaryCell] = field(default_factory=list)
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted({c.params for c in self.cells})
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({c.world_size for c in self.cells})
+
+    def cell(self, params: int, world_size: int) -> BoundaryCell:
+        return next(c for c in self.cells if c.params == params and c.world_size == world_size)
+
+    @property
+    def agreement(self) -> float:
+        """Share of cells where the estimator predicted what the run did."""
+        return sum(c.fits == c.predicted_fits for c in self.cells) / len(self.cells)
+
+    def largest_fitting(self, world_size: int, predicted: bool = False) -> int | None:
+        fitting = [c.params for c in self.cells if c.world_size == world_size
+                   and (c.predicted_fits if predicted else c.fits)]
+        return max(fitting, default=None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sweep_boundary(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_sizes=(1, 2),
+                   strategy: str = "ddp", memory_per_device="64MiB", global_batch: int = 16,
+                   steps: int = 2, **fields) -> BoundaryMap:
+    """Train every (size, world size) cell for ``steps`` steps under the capacity.
+
+    ``sizes`` are parameter counts (each model is sized to about that many). The cluster is
+    resized for each world size and left at its original size afterwards.
+    """
+    from labkit.train import TrainConfig, train  # train imports memory: import here
+    from labkit.train.strategy import strategy_for
+
+    capacity = parse_bytes(memory_per_device)
+    result = BoundaryMap(model, strategy, capacity, global_batch)
+    original = cluster.world_size
+    configs = [TrainConfig(model=sized(model, int(float(s))), strategy=strategy,
+                           global_batch=global_batch, steps=steps, **fields) for s in sizes]
+    for world_size in world_sizes:  # check every cell before running any
+        strategy_for(strategy).check(world_size, global_batch)
+    try:
+        for world_size in world_sizes:
+            if cluster.world_size != world_size:
+                cluster.resize(world_size)
+            for config in configs:
+                estimate = estimate_memory(config, world_size)
+                try:
+                    report = train(cluster, config, memory_per_device=capacity, estimate=False)
+                    fits, peak = True, max(report.peak_bytes)
+                except DeviceOOM as oom:
+                    fits, peak = False, oom.in_use_bytes + oom.requested_bytes
+                result.cells.append(BoundaryCell(
+                    count_parameters(config.model), world_size, fits, peak,
+                    estimate.peak_bytes, estimate.fits(capacity)))
+    finally:
+        if cluster.world_size != original:
+            cluster.resize(original)
+    return result
