@@ -22,10 +22,14 @@ MemTracker's private hooks are overridden here; torch is pinned (2.13.0) and
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import torch
+from torch._guards import active_fake_mode
 from torch.distributed._tools import mem_tracker as upstream
+from torch.distributed.tensor import DTensor
 from torch.nn.modules import module as nn_module
+from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
 from labkit.memory.oom import CATEGORIES, DeviceOOM
@@ -144,28 +148,62 @@ class MemoryTracker(upstream.MemTracker):
         super()._track(self._forced or reftype, t)
 
     # ----- the capacity, checked where MemTracker updates its counts ---------------------
+    def _total(self) -> int:
+        return sum(snap.get(upstream._TOTAL_KEY, 0) for snap in self._curr_mem_snap.values())
+
+    def _category_bytes(self, category: str) -> int:
+        return sum(nbytes for snap in self._curr_mem_snap.values()
+                   for reftype, nbytes in snap.items() if _CATEGORY_OF.get(reftype) == category)
+
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-        if u_type not in _GROWS:
+        if u_type not in _GROWS and u_type is not upstream._UpdateType.REF:
             return
-        live = self.live()
-        for category in CATEGORIES:
-            self.category_peaks[category] = max(self.category_peaks[category], live[category])
-        if self.capacity_bytes is not None and live["total"] > self.capacity_bytes:
+        category = _CATEGORY_OF[winfo.reftype]
+        self.category_peaks[category] = max(self.category_peaks[category],
+                                            self._category_bytes(category))
+        if u_type is upstream._UpdateType.REF or self.capacity_bytes is None:
+            return
+        total = self._total()
+        if total > self.capacity_bytes:
             grown = winfo.mem_consumed
             if u_type is upstream._UpdateType.SIZE:
                 grown -= old_mem_consumed
-            before = dict(live)  # what was in use before the allocation that failed
-            before[_CATEGORY_OF[winfo.reftype]] -= grown
+            before = self.live()  # what was in use before the allocation that failed
+            before[category] -= grown
             before["total"] -= grown
             raise DeviceOOM(self.rank, str(winfo.device), grown, self.capacity_bytes,
                             before["total"], before)
 
     def _update_peak_stats(self, peak_state) -> None:
-        live = self.live()
-        if live["total"] > self.peak_bytes:
+        total = self._total()
+        if total > self.peak_bytes:
             self.peak_bytes, self.peak_breakdown, self.peak_phase = (
-                live["total"], live, self.phase())
+                total, self.live(), self.phase())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # MemTracker's own, with its pytree walk over outputs replaced by a direct loop (ops
+        # return a tensor or a flat tuple/list of them): the per-op cost is what a learner
+        # pays on every step.
+        if any(t is DTensor for t in types):
+            return NotImplemented  # let DTensor run its local ops, which we then see
+        res = func(*args, **(kwargs or {}))
+        if active_fake_mode() is not self._fake_mode_on_entry:
+            return res  # DTensor's sharding propagation on fake tensors: no real memory
+        if self._in_opt:
+            reftype = upstream._MemRefType.OPT
+        elif self._mod_tracker.is_bw and not self._in_ac:
+            reftype = upstream._MemRefType.TEMP
+        else:
+            reftype = upstream._MemRefType.ACT
+        outputs = res if isinstance(res, (tuple, list)) else (res,)
+        for out in outputs:
+            if isinstance(out, torch.Tensor):
+                self._track(reftype, out)
+            elif isinstance(out, (tuple, list)):
+                tree_map_only(torch.Tensor, partial(self._track, reftype), out)
+        self._update_peak_stats(None)
+        return res
 
     # ----- MemTracker's per-module statistics are not needed: keep only what classifies ----
     def _pre_fw_hook(self, module, inputs) -> None:
