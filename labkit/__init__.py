@@ -1,6 +1,6 @@
 """labkit: run distributed training for real from a notebook, and see why it pays."""
 
-from labkit import models, plots, widgets
+from labkit import data_parallel, models, plots, widgets
 from labkit.cluster import (
     Cluster,
     ClusterError,
@@ -16,11 +16,13 @@ from labkit.memory.boundary import BoundaryMap, sweep_boundary
 from labkit.memory.estimate import MemoryEstimate, estimate_memory, model_state_bytes
 from labkit.results import record_results
 from labkit.train import TrainConfig, TrainReport, train
+from labkit.train.scaling import ScalingResult, ring_all_reduce_seconds, scaling_sweep
 
 __version__ = "0.1.0"
 
 __all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
            "MemoryEstimate", "OversubscriptionWarning", "RankContext", "RankError",
-           "RunResults", "RunTimeout", "TrainConfig", "TrainReport", "estimate_memory",
-           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
-           "record_results", "sweep_boundary", "time_all_reduce", "train", "widgets"]
+           "RunResults", "RunTimeout", "ScalingResult", "TrainConfig", "TrainReport",
+           "data_parallel", "estimate_memory", "format_bytes", "model_state_bytes", "models",
+           "parse_bytes", "plots", "record_results", "ring_all_reduce_seconds",
+           "scaling_sweep", "sweep_boundary", "time_all_reduce", "train", "widgets"]

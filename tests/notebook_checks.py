@@ -33,9 +33,24 @@ def check_01(results: dict) -> None:
     assert results["losses"][-1] < results["losses"][0]
 
 
+def check_02(results: dict) -> None:
+    gaps = results["parity_gap"]
+    assert len(gaps) == 4 and all(gap < 1e-4 for gap in gaps.values())  # same training
+    for name, split in results["split"].items():
+        assert abs(split["compute_s"] + split["comm_s"] - split["step_s"]) < 1e-9, name
+    n = results["world_size"]
+    assert results["strong"]["1"] == 1.0 and results["weak"]["1"] == 1.0
+    assert results["strong"][str(n)] > 0 and results["bus_bandwidth"] > 0
+    comm = results["comm"][str(n)]
+    assert comm["bytes"] > 0 and comm["predicted_s"] > 0 and comm["measured_busy_s"] > 0
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
     "01_the_memory_wall": ({"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
                             "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
+    "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
+                          "sizes": [5e5], "world_sizes": [1, 2], "interactive": False},
+                         check_02),
 }

@@ -105,12 +105,16 @@ class RankContext:
         return self.rank == 0
 
     def progress(self, done: int, total: int, desc: str = "") -> None:
-        """Report ``done`` of ``total`` units of work; the notebook shows a live bar."""
+        """Report ``done`` of ``total`` units of work; the notebook shows a live bar (under
+        torchrun, rank 0 prints one line per report instead)."""
         now = time.monotonic()
         if done < total and now - self._last_progress < PROGRESS_INTERVAL_S:
             return
         self._last_progress = now
-        self._channel.send(("progress", self._job_id, int(done), int(total), desc))
+        if self._channel is not None:
+            self._channel.send(("progress", self._job_id, int(done), int(total), desc))
+        elif self.rank == 0:
+            print(f"{desc}: {done}/{total}", file=sys.stderr, flush=True)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)

@@ -53,3 +53,6 @@ class DDPStrategy(DataParallelBase):
         ddp.labkit_tracker = ctx.memory
         ddp.register_comm_hook(meter, _timed_allreduce_hook)
         return ddp
+
+    def no_sync(self, model: nn.Module):
+        return model.no_sync

@@ -82,7 +82,7 @@ def _traced_step_peak(config, batch_size: int, steps: int = 2) -> dict:
         relabel_live(tracker)
         for _ in range(steps):  # the second step holds optimizer state from the first
             run_step(model, example_batch(config.model, batch_size), loss_fn(config.model),
-                     optimizer, config.precision)
+                     optimizer, config.precision, micro_batches=config.micro_batches)
         return tracker.report()
 
 
@@ -100,7 +100,7 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     from labkit.train.strategy import strategy_for
 
     strategy = strategy_for(config.strategy)
-    strategy.check(world_size, config.global_batch)
+    strategy.check(world_size, config.global_batch, config.micro_batches)
     batch = config.global_batch // world_size if strategy.shards_batch else config.global_batch
     traced = _traced_step_peak(config, batch)
     at_peak = {c: int(traced["at_peak"][c]) for c in CATEGORIES}

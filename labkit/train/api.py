@@ -22,7 +22,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory.
     """
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
-    strategy_for(config.strategy).check(cluster.world_size, config.global_batch)
+    strategy_for(config.strategy).check(cluster.world_size, config.global_batch,
+                                        config.micro_batches)
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device

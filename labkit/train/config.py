@@ -22,7 +22,10 @@ class TrainConfig:
         steps: optimizer steps; the first also builds lazy state and is left out of timings.
         precision: "fp32"; "bf16" (weights and compute in bfloat16); "mixed" (fp32 weights,
             bfloat16 autocast).
+        micro_batches: process each rank's batch in this many chunks, one after another,
+            adding up their gradients (gradient accumulation).
         bucket_cap_mb: DDP's gradient bucket size.
+        return_weights: also return every rank's final weights (for parity checks).
     """
 
     model: ModelConfig = field(default_factory=MLPConfig)
@@ -33,7 +36,9 @@ class TrainConfig:
     optimizer: str = "adam"
     precision: str = "fp32"
     seed: int = 0
+    micro_batches: int = 1
     bucket_cap_mb: float = 25.0
+    return_weights: bool = False
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -42,8 +47,8 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: choose from {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}: choose from {PRECISIONS}")
-        if self.steps < 1 or self.global_batch < 1:
-            raise ValueError("steps and global_batch must be at least 1")
+        if self.steps < 1 or self.global_batch < 1 or self.micro_batches < 1:
+            raise ValueError("steps, global_batch and micro_batches must be at least 1")
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -51,7 +51,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
             batch = to_device(batch, ctx.device, copy=True)
             meter.reset()
             timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
-                              lambda: strategy.sync_gradients(ctx, model, meter), synchronize)
+                              lambda: strategy.sync_gradients(ctx, model, meter), synchronize,
+                              config.micro_batches, strategy.no_sync(model))
             del batch
             exposed = _exposed_comm(strategy, timing, meter)
             records.append({
@@ -62,4 +63,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
                 "comm_bytes": meter.bytes, "comm_calls": meter.calls,
                 "live_bytes": tracker.live()["total"]})
             ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
-    return {"rank": ctx.rank, "records": records, "memory": tracker.report()}
+    out = {"rank": ctx.rank, "records": records, "memory": tracker.report()}
+    if config.return_weights:
+        inner = getattr(model, "module", model)  # DDP wraps the model
+        out["weights"] = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+    return out

@@ -41,21 +41,20 @@ class TrainReport:
     def step_s(self) -> list[float]:
         return self._per_step("step_s")
 
-    def _timed(self, values: list[float]) -> float:
-        """Median over steps, leaving out the first (lazy set-up) when there are others."""
-        return statistics.median(values[1:] if len(values) > 1 else values)
-
     @property
     def median_step_s(self) -> float:
-        return self._timed(self.step_s)
+        return self.split()["step_s"]
 
     def split(self) -> dict[str, float]:
-        """Median step time of the slowest rank, split into compute and exposed communication."""
+        """The median step (of the slowest rank at each step), split into computation and
+        exposed communication; the parts add up to the step time."""
         slowest = [max(self.ranks, key=lambda r: r["records"][s]["step_s"])["records"][s]
                    for s in range(self.steps)]
+        timed = sorted(slowest[1:] if len(slowest) > 1 else slowest, key=lambda r: r["step_s"])
+        median = timed[(len(timed) - 1) // 2]
         keys = ("step_s", "compute_s", "comm_s", "comm_busy_s", "forward_s", "backward_s",
                 "optimizer_s")
-        return {k: self._timed([rec[k] for rec in slowest]) for k in keys}
+        return {k: median[k] for k in keys}
 
     @property
     def samples_per_s(self) -> float:
@@ -78,9 +77,10 @@ class TrainReport:
 
     # ----- saving ------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        ranks = [{k: v for k, v in r.items() if k != "weights"} for r in self.ranks]
         return {"config": self.config.to_dict(), "world_size": self.world_size,
                 "device": self.device, "backend": self.backend,
-                "oversubscribed": self.oversubscribed, "ranks": self.ranks,
+                "oversubscribed": self.oversubscribed, "ranks": ranks,
                 "estimate": self.estimate, "where": self.where, "extra": self.extra}
 
     @classmethod

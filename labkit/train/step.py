@@ -30,25 +30,49 @@ def _cast_inputs(value, precision: str):
     return value
 
 
-def run_step(model: nn.Module, batch, loss_fn, optimizer: torch.optim.Optimizer,
-             precision: str, sync_gradients=None, synchronize=None) -> dict:
-    """forward -> backward -> gradient sync -> optimizer step; returns the loss and phase times.
+def split_batch(value, parts: int) -> list:
+    """Split a tensor, or a tuple of tensors, into ``parts`` equal chunks along the batch."""
+    if isinstance(value, tuple):
+        return list(zip(*(split_batch(v, parts) for v in value), strict=True))
+    return list(value.chunk(parts))
 
-    ``batch`` is (inputs, targets) already on the device. ``synchronize`` waits for the device
-    (CUDA) so that phase times are real.
+
+def run_step(model: nn.Module, batch, loss_fn, optimizer: torch.optim.Optimizer,
+             precision: str, sync_gradients=None, synchronize=None, micro_batches: int = 1,
+             no_sync=None) -> dict:
+    """forward -> backward (per micro-batch) -> gradient sync -> optimizer step.
+
+    ``batch`` is (inputs, targets) already on the device. With ``micro_batches`` > 1 the
+    batch is processed in that many chunks one after another and their gradients add up
+    (gradient accumulation; each chunk's loss is scaled so the sum is the batch's mean).
+    ``no_sync`` (DDP's) skips communication for all chunks but the last. ``synchronize``
+    waits for the device (CUDA) so that phase times are real. Returns the loss and times.
     """
     sync_device = synchronize or (lambda: None)
-    autocast = (torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
-                if precision == "mixed" else contextlib.nullcontext())
+    device_type = next(model.parameters()).device.type
     inputs, targets = batch
-    t0 = time.perf_counter()
-    with autocast:
-        loss = loss_fn(model(_cast_inputs(inputs, precision)), _cast_inputs(targets, precision))
-    sync_device()
-    t1 = time.perf_counter()
-    loss.backward()
-    sync_device()
-    t2 = time.perf_counter()
+    chunks = zip(split_batch(inputs, micro_batches), split_batch(targets, micro_batches),
+                 strict=True)
+    forward_s = backward_s = 0.0
+    total = None
+    start = time.perf_counter()
+    for i, (chunk_in, chunk_target) in enumerate(chunks):
+        silent = no_sync is not None and i < micro_batches - 1
+        with no_sync() if silent else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            with (torch.autocast(device_type, dtype=torch.bfloat16) if precision == "mixed"
+                  else contextlib.nullcontext()):
+                output = model(_cast_inputs(chunk_in, precision))
+                loss = loss_fn(output, _cast_inputs(chunk_target, precision)) / micro_batches
+            del output
+            sync_device()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync_device()
+            t2 = time.perf_counter()
+        forward_s, backward_s = forward_s + t1 - t0, backward_s + t2 - t1
+        total = loss.detach() if total is None else total + loss.detach()
+        del loss
     if sync_gradients is not None:
         sync_gradients()
     sync_device()
@@ -57,6 +81,6 @@ def run_step(model: nn.Module, batch, loss_fn, optimizer: torch.optim.Optimizer,
     optimizer.zero_grad(set_to_none=True)
     sync_device()
     t4 = time.perf_counter()
-    return {"loss": loss.detach(), "forward_s": t1 - t0, "backward_s": t2 - t1,
-            "sync_s": t3 - t2, "optimizer_s": t4 - t3, "step_s": t4 - t0,
+    return {"loss": total, "forward_s": forward_s, "backward_s": backward_s,
+            "sync_s": t3 - t2, "optimizer_s": t4 - t3, "step_s": t4 - start,
             "backward_end": t2}

@@ -19,8 +19,11 @@ class Strategy:
     shards_batch = False  # data-parallel strategies train on a slice of the global batch
     overlaps_comm = False  # communication runs inside backward (DDP) rather than after it
 
-    def check(self, world_size: int, global_batch: int) -> None:
+    def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:
         """Raise ValueError, before any process starts, if this cannot run as asked."""
+        if global_batch % micro_batches:
+            raise ValueError(f"global_batch {global_batch} does not split into "
+                             f"{micro_batches} micro-batches: choose a multiple")
         if world_size != 1:
             raise ValueError(f"strategy 'single' trains on one device, not {world_size}: use "
                              "labkit.Cluster(1) or a data-parallel strategy such as 'ddp'")
@@ -31,14 +34,19 @@ class Strategy:
     def sync_gradients(self, ctx, model: nn.Module, meter: CommMeter) -> None:
         """Called after backward, before the optimizer step."""
 
+    def no_sync(self, model: nn.Module):
+        """A context that skips gradient communication (accumulating micro-batches), or None."""
+        return None
+
 
 class DataParallelBase(Strategy):
     shards_batch = True
 
-    def check(self, world_size: int, global_batch: int) -> None:
-        if global_batch % world_size:
+    def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:
+        if global_batch % (world_size * micro_batches):
             raise ValueError(f"global_batch {global_batch} does not split evenly over "
-                             f"{world_size} ranks: choose a multiple of {world_size}")
+                             f"{world_size} ranks x {micro_batches} micro-batches: choose a "
+                             f"multiple of {world_size * micro_batches}")
 
 
 def strategy_for(name: str) -> Strategy:

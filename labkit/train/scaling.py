@@ -1,0 +1,115 @@
+"""Scaling sweeps: the same training at several device counts, measured, beside the ring
+AllReduce model of communication time.
+
+Strong scaling keeps the global batch fixed (the same work split more ways: does a step get
+faster?). Weak scaling keeps each rank's batch fixed (more work in the same time: does
+throughput grow?). A ring AllReduce of S bytes over N ranks sends 2(N-1)/N x S bytes per
+rank, so with a per-link bandwidth B it takes about 2(N-1)/N x S / B seconds (Patarasuk and
+Yuan, 2009; the "bus bandwidth" of NVIDIA's nccl-tests is B measured that way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from labkit.cluster.hardware import physical_cores
+from labkit.comm.timing import time_all_reduce
+from labkit.models import count_parameters, sized
+from labkit.train.api import train
+from labkit.train.config import TrainConfig
+from labkit.train.strategy import strategy_for
+
+
+def ring_all_reduce_seconds(nbytes: float, world_size: int, bus_bandwidth: float) -> float:
+    """Time of a ring AllReduce of ``nbytes`` over ``world_size`` ranks at ``bus_bandwidth``."""
+    return 0.0 if world_size == 1 else 2 * (world_size - 1) / world_size * nbytes / bus_bandwidth
+
+
+@dataclass
+class ScalingPoint:
+    world_size: int
+    global_batch: int
+    step_s: float
+    compute_s: float
+    comm_s: float  # exposed: not hidden behind computation
+    comm_busy_s: float  # all time inside collectives
+    samples_per_s: float
+    comm_bytes: int
+    predicted_comm_s: float
+    oversubscribed: bool
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ScalingResult:
+    model: str
+    params: int
+    strategy: str
+    mode: str  # "strong" or "weak"
+    bus_bandwidth: float  # bytes/s, measured here with all_reduce of the gradient size
+    cores: int
+    points: list[ScalingPoint] = field(default_factory=list)
+
+    def point(self, world_size: int) -> ScalingPoint:
+        return next(p for p in self.points if p.world_size == world_size)
+
+    def speedup(self, world_size: int) -> float:
+        """Strong: time per step of 1 device over N. Weak: throughput of N over 1 device."""
+        base, here = self.point(1), self.point(world_size)
+        if self.mode == "strong":
+            return base.step_s / here.step_s
+        return here.samples_per_s / base.samples_per_s
+
+    def efficiency(self, world_size: int) -> float:
+        return self.speedup(world_size) / world_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_bus_bandwidth(cluster, nbytes: int) -> float:
+    """Bus bandwidth (bytes/s) of an all_reduce of ``nbytes`` on this cluster (>= 2 ranks)."""
+    return time_all_reduce(cluster, [max(4, nbytes)], repeats=5).bus_bandwidth
+
+
+def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=(1, 2, 4),
+                  strategy: str = "ddp", global_batch: int = 64, mode: str = "strong",
+                  steps: int = 5, **fields) -> ScalingResult:
+    """Train at each world size (the cluster is resized, then put back) and measure.
+
+    ``global_batch`` is the batch of one device: in strong mode every world size splits it,
+    in weak mode each rank gets that much (so the global batch grows with N).
+    """
+    if mode not in ("strong", "weak"):
+        raise ValueError("mode is 'strong' (fixed global batch) or 'weak' (fixed per rank)")
+    if 1 not in world_sizes:
+        raise ValueError("include world size 1: speedup is measured against one device")
+    config = TrainConfig(model=sized(model, int(float(params))), strategy=strategy,
+                         global_batch=global_batch, steps=steps, **fields)
+    for n in world_sizes:  # all checks before the first run
+        batch = global_batch * (n if mode == "weak" else 1)
+        strategy_for(strategy).check(n, batch, config.micro_batches)
+    n_params = count_parameters(config.model)
+    original = cluster.world_size
+    result = ScalingResult(model, n_params, strategy, mode, 0.0, physical_cores())
+    try:
+        for n in sorted(world_sizes):
+            if cluster.world_size != n:
+                cluster.resize(n)
+            batch = global_batch * (n if mode == "weak" else 1)
+            report = train(cluster, config.replace(global_batch=batch), estimate=False)
+            if n > 1 and not result.bus_bandwidth:
+                result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
+            split = report.split()
+            result.points.append(ScalingPoint(
+                n, batch, split["step_s"], split["compute_s"], split["comm_s"],
+                split["comm_busy_s"], report.samples_per_s, report.comm_bytes_per_step, 0.0,
+                report.oversubscribed, report.losses))
+    finally:
+        if cluster.world_size != original:
+            cluster.resize(original)
+    for point in result.points:
+        if result.bus_bandwidth:
+            point.predicted_comm_s = ring_all_reduce_seconds(
+                point.comm_bytes, point.world_size, result.bus_bandwidth)
+    return result

@@ -1,0 +1,99 @@
+"""The same training experiment under torchrun, on one machine or many:
+
+    torchrun --nproc-per-node 2 -m labkit train --model mlp --strategy ddp --out report.json
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m labkit train ...
+
+Each process is a rank (one GPU each where there are GPUs, else one CPU core each); rank 0
+gathers every rank's records and writes the same ``TrainReport`` JSON that ``labkit.train``
+returns in a notebook, so a notebook can load it (``labkit.TrainReport.load``) and plot it.
+Run without torchrun, it trains on one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from labkit.cluster.hardware import physical_cores
+from labkit.cluster.rank import RankContext
+from labkit.memory import MemoryTracker
+from labkit.memory.estimate import estimate_memory
+from labkit.models import config_for, sized
+from labkit.train.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from labkit.train.loop import train_on_rank
+from labkit.train.report import TrainReport
+from labkit.train.strategy import strategy_for
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm"])
+    parser.add_argument("--params", type=float, help="size the model to about this many "
+                        "parameters (default: the zoo's default size)")
+    parser.add_argument("--strategy", default="ddp", choices=["single", "naive_dp", "ddp"])
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
+    parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
+
+
+def _config(args) -> TrainConfig:
+    model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
+    return TrainConfig(model=model, strategy=args.strategy, global_batch=args.global_batch,
+                       steps=args.steps, lr=args.lr, optimizer=args.optimizer,
+                       precision=args.precision, micro_batches=args.micro_batches)
+
+
+def _join(args) -> tuple[torch.device, str]:
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if not args.cpu and torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)  # a virtual GPU: one core
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "WORLD_SIZE" in os.environ:  # started by torchrun: env:// rendezvous
+        dist.init_process_group(backend, timeout=timedelta(minutes=10),
+                                device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return device, backend
+
+
+def main(args) -> int:
+    config = _config(args)  # bad arguments fail here, before any collective
+    device, backend = _join(args)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        strategy_for(config.strategy).check(world_size, config.global_batch,
+                                            config.micro_batches)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
+        ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
+                          MemoryTracker(rank))
+        result = train_on_rank(ctx, config.to_dict())
+        result["host"] = socket.gethostname()
+        gathered = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        if rank == 0:
+            hosts = sorted({r["host"] for r in gathered})
+            report = TrainReport(config, world_size, device.type, backend, oversubscribed,
+                                 gathered, estimate_memory(config, world_size).to_dict(),
+                                 where=f"measured under torchrun on {', '.join(hosts)}")
+            report.save(args.out)
+            split = report.split()
+            print(f"{config.strategy} x{world_size}: loss {report.losses[0]:.4f} -> "
+                  f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
+                  f"{report.samples_per_s:.0f} samples/s; report written to {args.out}")
+    finally:
+        dist.destroy_process_group()
+    return 0

@@ -1,0 +1,134 @@
+"""Data parallelism: naive and DDP equal single-device training; reports add up; torchrun."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import labkit
+from labkit.models import DLRMConfig, GPTConfig, MLPConfig
+from tests.conftest import descendants
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def one():
+    with labkit.Cluster(1, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def two():
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+def _assert_same_training(reference, report, tol=1e-5):
+    """Losses step by step, and final weights on every rank. SGD is used for weights: its
+    update is linear in the gradient, while Adam divides by sqrt(v) and so blows float
+    rounding of near-zero gradients up to full-size steps."""
+    for step, (a, b) in enumerate(zip(reference.losses, report.losses, strict=True)):
+        assert abs(a - b) <= tol * max(1.0, abs(a)), f"step {step}: {a} vs {b}"
+    ref_weights = reference.ranks[0]["weights"]
+    for rank in report.ranks:
+        for name, tensor in rank["weights"].items():
+            torch.testing.assert_close(tensor, ref_weights[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", [MLPConfig(), GPTConfig(), DLRMConfig()], ids=lambda m: m.name)
+@pytest.mark.parametrize("strategy", ["naive_dp", "ddp"])
+def test_data_parallel_equals_one_device_step_by_step(one, two, model, strategy):
+    config = labkit.TrainConfig(model=model, global_batch=16, steps=4, lr=0.05,
+                                optimizer="sgd", return_weights=True)
+    reference = labkit.train(one, config, estimate=False)
+    report = labkit.train(two, config, strategy=strategy, estimate=False)
+    _assert_same_training(reference, report)
+    adam = config.replace(optimizer="adam", lr=1e-3, return_weights=False)
+    assert labkit.train(two, adam, strategy=strategy, estimate=False).losses == pytest.approx(
+        labkit.train(one, adam, estimate=False).losses, rel=1e-5)
+
+
+def test_ddp_on_four_ranks_and_with_accumulation_equals_one_device(one):
+    config = labkit.TrainConfig(model=MLPConfig(), global_batch=32, steps=3, lr=0.05,
+                                optimizer="sgd", return_weights=True)
+    reference = labkit.train(one, config, estimate=False)
+    with labkit.Cluster(4, device="cpu", progress=False) as four:
+        _assert_same_training(reference, labkit.train(four, config, strategy="ddp",
+                                                      micro_batches=2, estimate=False))
+    _assert_same_training(reference, labkit.train(one, config, micro_batches=4, estimate=False))
+
+
+@pytest.mark.parametrize("strategy", ["naive_dp", "ddp"])
+def test_report_is_complete_and_adds_up(two, strategy, tmp_path):
+    report = labkit.train(two, model=MLPConfig(), strategy=strategy, global_batch=32, steps=4)
+    n_params = sum(p.numel() for p in labkit.models.build_model(MLPConfig()).parameters())
+    for rank in report.ranks:
+        for record in rank["records"]:
+            assert record["compute_s"] + record["comm_s"] == pytest.approx(record["step_s"])
+            assert record["comm_busy_s"] > 0 and record["comm_s"] >= 0
+            assert record["comm_bytes"] == 4 * n_params  # every gradient, once per step
+    split = report.split()
+    assert split["compute_s"] + split["comm_s"] == pytest.approx(split["step_s"])
+    assert report.samples_per_s == pytest.approx(32 / report.median_step_s)
+    assert report.oversubscribed is False and report.world_size == 2
+    loaded = labkit.TrainReport.load(report.save(tmp_path / "report.json"))
+    assert loaded.losses == report.losses and loaded.split() == split
+    assert loaded.config == report.config
+
+
+def test_bad_configs_fail_before_any_run(two):
+    before = descendants()
+    with pytest.raises(ValueError, match="split evenly"):
+        labkit.train(two, model="mlp", strategy="ddp", global_batch=15)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        labkit.train(two, model="mlp", strategy="magic")
+    with pytest.raises(ValueError, match="one device"):
+        labkit.train(two, model="mlp", strategy="single")
+    assert descendants() == before
+
+
+def test_torchrun_writes_the_same_report(two, tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    out = tmp_path / "report.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "labkit", "train",
+         "--model", "mlp", "--strategy", "ddp", "--global-batch", "32", "--steps", "3",
+         "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = labkit.TrainReport.load(out)
+    assert report.world_size == 2 and "torchrun" in report.where
+    here = labkit.train(two, report.config, estimate=False)
+    assert report.losses == pytest.approx(here.losses, rel=1e-6)
+    assert labkit.plots.plot_losses({"torchrun": report, "notebook": here}).axes
+
+
+def test_scaling_sweep_and_the_ring_model(one):
+    assert labkit.ring_all_reduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
+    assert labkit.ring_all_reduce_seconds(1e9, 1, 1e9) == 0
+    strong = labkit.scaling_sweep(one, "mlp", 2e5, (1, 2), global_batch=32, steps=3)
+    assert one.world_size == 1
+    assert strong.speedup(1) == 1 and strong.speedup(2) > 0
+    assert strong.bus_bandwidth > 0 and strong.point(2).predicted_comm_s > 0
+    weak = labkit.scaling_sweep(one, "mlp", 2e5, (1, 2), global_batch=16, mode="weak", steps=3)
+    assert [p.global_batch for p in weak.points] == [16, 32]
+    assert labkit.plots.plot_speedup(weak).axes and labkit.plots.plot_step_breakdown(strong).axes
+    with pytest.raises(ValueError, match="world size 1"):
+        labkit.scaling_sweep(one, "mlp", 2e5, (2, 4))
+
+
+def test_scaling_explorer_redraws_when_the_gpu_count_moves():
+    with labkit.Cluster(1, device="cpu", progress=False) as cluster:
+        box = labkit.widgets.scaling_explorer(cluster, "mlp", (2e5,), (1, 2), world_size=1,
+                                              global_batch=16, steps=2)
+        before = box.plot.outputs[0]["data"]["image/png"]
+        box.gpus.value = 2
+        assert cluster.world_size == 2
+        assert box.plot.outputs[0]["data"]["image/png"] != before
