@@ -1,6 +1,6 @@
 """Regenerate the README's figures from real runs on this machine.
 
-    python figures/make.py            # documented size (about a minute on 2 CPU cores)
+    python figures/make.py            # documented size: a few minutes on 2 CPU cores
     python figures/make.py --smoke    # tiny, for tests; writes to --out
 
 Every figure is stamped with what was measured and where (CPU ranks or the GPU model).
@@ -13,8 +13,10 @@ import platform
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
 import labkit
+from labkit.widgets import MemoryExplorer
 
 MIB = 1 << 20
 
@@ -22,19 +24,53 @@ MIB = 1 << 20
 def _where(cluster: labkit.Cluster) -> str:
     if cluster.device == "cuda":
         return f"{cluster.world_size} x {torch.cuda.get_device_name(0)}"
-    return f"{cluster.world_size} CPU ranks ({platform.processor() or platform.machine()})"
+    return f"CPU ranks on {platform.machine()} ({labkit.cluster.hardware.physical_cores()} cores)"
 
 
-def all_reduce_figure(out: Path, smoke: bool) -> Path:
-    sizes = [MIB // 4, MIB] if smoke else [MIB // 64, MIB // 4, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-    with labkit.Cluster(2, progress=False) as cluster:
-        timings = labkit.time_all_reduce(cluster, sizes, repeats=2 if smoke else 10)
-        where = _where(cluster)
-    fig = labkit.plots.plot_all_reduce(timings)
-    fig.text(0.01, 0.01, f"measured on {where}, torch {torch.__version__}", fontsize=7)
-    path = out / "all_reduce.png"
+def _save(fig: Figure, path: Path, what: str, cluster: labkit.Cluster) -> Path:
+    fig.text(0.01, 0.005, f"{what}; measured on {_where(cluster)}, torch {torch.__version__}",
+             fontsize=6, color="dimgrey")
     fig.savefig(path, dpi=100)
     return path
+
+
+def all_reduce_figure(cluster, out: Path, smoke: bool) -> Path:
+    sizes = [MIB // 4, MIB] if smoke else [MIB // 64, MIB // 4, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+    timings = labkit.time_all_reduce(cluster, sizes, repeats=2 if smoke else 10)
+    return _save(labkit.plots.plot_all_reduce(timings), out / "all_reduce.png",
+                 f"all_reduce, {cluster.world_size} ranks", cluster)
+
+
+def memory_figure(cluster, out: Path, smoke: bool) -> Path:
+    sizes = (2e5, 2e6) if smoke else (5e5, 4e6)
+    explorer = MemoryExplorer(cluster, "gpt", sizes, "32MiB", global_batch=16)
+    small, large = (explorer.result(p) for p in explorer.sizes)
+    bars = [dict(small["measured"], label=f"{small['params'] / 1e6:.2g}M: measured"),
+            dict(small["estimated"], label=f"{small['params'] / 1e6:.2g}M: estimated"),
+            dict(large["measured"], label=f"{large['params'] / 1e6:.2g}M: measured"),
+            dict(large["estimated"], label=f"{large['params'] / 1e6:.2g}M: estimated")]
+    fig = labkit.plots.plot_memory_bars(bars, explorer.capacity,
+                                        title="GPT on one virtual GPU: the memory wall")
+    return _save(fig, out / "memory_wall.png", "peak memory by category, batch 16", cluster)
+
+
+def boundary_figure(cluster, out: Path, smoke: bool) -> Path:
+    sizes, worlds = ((2e5, 2e6), (1, 2)) if smoke else ((2e5, 5e5, 1e6, 2e6, 4e6), (1, 2, 4))
+    boundary = labkit.sweep_boundary(cluster, "gpt", sizes, worlds, strategy="ddp",
+                                     memory_per_device="32MiB", global_batch=16)
+    return _save(labkit.plots.plot_boundary(boundary), out / "boundary.png",
+                 "OOM boundary, every cell trained", cluster)
+
+
+def speedup_figure(cluster, out: Path, smoke: bool) -> Path:
+    params, worlds, batch = (2e5, (1, 2), 32) if smoke else (4e6, (1, 2, 4), 512)
+    result = labkit.scaling_sweep(cluster, "mlp", params, worlds, global_batch=batch,
+                                  steps=3 if smoke else 10)
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    labkit.plots.plot_step_breakdown(result, ax=left)
+    labkit.plots.plot_speedup(result, ax=right)
+    return _save(fig, out / "speedup.png", "DDP strong scaling, one core per rank", cluster)
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
@@ -43,9 +79,13 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    paths = [all_reduce_figure(args.out, args.smoke)]
-    for path in paths:
-        print(f"wrote {path}")
+    paths = []
+    with labkit.Cluster(2, progress=False) as cluster:
+        for make in (all_reduce_figure, memory_figure, boundary_figure, speedup_figure):
+            if make is memory_figure:
+                cluster.resize(1)  # one device: the wall itself (the sweeps resize as they go)
+            paths.append(make(cluster, args.out, args.smoke))
+            print(f"wrote {paths[-1]}", flush=True)
     return paths
 
 

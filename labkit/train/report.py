@@ -47,10 +47,13 @@ class TrainReport:
 
     def split(self) -> dict[str, float]:
         """The median step (of the slowest rank at each step), split into computation and
-        exposed communication; the parts add up to the step time."""
+        exposed communication; the parts add up to the step time. Steps run without memory
+        tracking are used when there are any; the first step (lazy set-up) is left out."""
         slowest = [max(self.ranks, key=lambda r: r["records"][s]["step_s"])["records"][s]
                    for s in range(self.steps)]
-        timed = sorted(slowest[1:] if len(slowest) > 1 else slowest, key=lambda r: r["step_s"])
+        untracked = [r for r in slowest[1:] if not r.get("memory_tracked", False)]
+        timed = untracked or (slowest[1:] if len(slowest) > 1 else slowest)
+        timed = sorted(timed, key=lambda r: r["step_s"])
         median = timed[(len(timed) - 1) // 2]
         keys = ("step_s", "compute_s", "comm_s", "comm_busy_s", "forward_s", "backward_s",
                 "optimizer_s")
