@@ -6,7 +6,7 @@ import json
 import os
 
 
-def record_results(path: str | os.PathLike | None, **values) -> dict:
+def record_results(path: str | os.PathLike | None, **values) -> None:
     """Write ``values`` to ``path`` as JSON (nothing is written when ``path`` is empty).
 
     Notebooks end with this call; under papermill the test injects ``results_path`` and
@@ -15,7 +15,6 @@ def record_results(path: str | os.PathLike | None, **values) -> dict:
     if path:
         with open(path, "w") as f:
             json.dump(values, f, indent=1, default=_plain)
-    return values
 
 
 def _plain(value):

@@ -130,5 +130,6 @@ def test_scaling_explorer_redraws_when_the_gpu_count_moves():
                                               global_batch=16, steps=2)
         before = box.plot.outputs[0]["data"]["image/png"]
         box.gpus.value = 2
+        box.runner.wait(timeout=60)
         assert cluster.world_size == 2
         assert box.plot.outputs[0]["data"]["image/png"] != before

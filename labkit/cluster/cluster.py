@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -98,6 +99,7 @@ class Cluster:
         self._store = None
         self._generation = 0
         self._job_id = 0
+        self._busy = threading.Lock()  # one run at a time (cells and widget threads share it)
         self._set_world_size(world_size)
         self._start()
 
@@ -143,11 +145,13 @@ class Cluster:
 
     def resize(self, world_size: int) -> None:
         """Restart with a different number of ranks (the zygote, and torch, stay loaded)."""
-        _, self.shared_gpus = _resolve_device(world_size, self.device, self._capacity_bytes)
-        self.backend = "nccl" if self.device == "cuda" and not self.shared_gpus else "gloo"
-        self._procs.kill_ranks()
-        self._set_world_size(world_size)
-        self._start()
+        _, shared_gpus = _resolve_device(world_size, self.device, self._capacity_bytes)
+        with self._busy:
+            self.shared_gpus = shared_gpus
+            self.backend = "nccl" if self.device == "cuda" and not shared_gpus else "gloo"
+            self._procs.kill_ranks()
+            self._set_world_size(world_size)
+            self._start()
 
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards."""
@@ -191,6 +195,10 @@ class Cluster:
         except Exception as exc:
             raise TypeError(f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments "
                             f"to the ranks: {exc}") from exc
+        with self._busy:
+            return self._run_locked(payload, timeout)
+
+    def _run_locked(self, payload: bytes, timeout: float | None) -> RunResults:
         if not self._procs.ranks:
             self._start()  # after a failure: fresh ranks, a fresh process group
         self._job_id += 1

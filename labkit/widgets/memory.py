@@ -59,26 +59,32 @@ class MemoryExplorer:
                                 title=f"{self.model}, {_label(params)}, "
                                       f"{self.cluster.world_size} device(s)")
 
-    def widget(self, params: int | None = None):
+    def widget(self, params: int | None = None, background: bool = True):
         import ipywidgets as widgets
 
-        from labkit.widgets.render import show_figure
+        from labkit.widgets.render import LatestOnly, show_figure
 
         slider = widgets.SelectionSlider(options=[(_label(p), p) for p in self.sizes],
                                          value=params or self.sizes[0],
                                          description="model size", continuous_update=False,
                                          layout={"width": "450px"})
-        message = widgets.HTML()
-        plot = widgets.Output()
+        status, message, plot = widgets.HTML(), widgets.HTML(), widgets.Output()
 
-        def redraw(change=None):
-            show_figure(plot, self.figure(slider.value))
-            message.value = self.result(slider.value)["message"]
+        def draw(params: int) -> None:
+            cached = (params, self.cluster.world_size) in self._cache
+            status.value = "" if cached else f"<i>training {_label(params)} ...</i>"
+            try:
+                show_figure(plot, self.figure(params))
+                message.value = self.result(params)["message"]
+            except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
+                message.value = f"<span style='color:firebrick'>{type(exc).__name__}: {exc}"
+            status.value = ""
 
-        slider.observe(redraw, names="value")
-        redraw()
-        box = widgets.VBox([slider, plot, message])
-        box.slider, box.plot, box.message = slider, plot, message  # handles for tests
+        runner = LatestOnly(draw, background)
+        slider.observe(lambda change: runner.submit(change["new"]), names="value")
+        draw(slider.value)  # the first figure before the cell returns
+        box = widgets.VBox([slider, status, plot, message])
+        box.slider, box.plot, box.message, box.runner = slider, plot, message, runner
         return box
 
 

@@ -1,6 +1,9 @@
-"""Put a Figure into an ipywidgets Output, in a live kernel and in plain Python alike."""
+"""Put a Figure into an ipywidgets Output (in a live kernel and in plain Python alike), and
+run slow widget work off the kernel's thread without piling it up."""
 
 from __future__ import annotations
+
+import threading
 
 from matplotlib.figure import Figure
 
@@ -14,3 +17,46 @@ def show_figure(output, fig: Figure) -> None:
 
     output.outputs = ()
     output.append_display_data(Image(figure_png(fig)))
+
+
+class LatestOnly:
+    """Runs ``work(value)`` for the newest value only, in a background thread.
+
+    A slider fires once per value it passes; training for each would pile up. Here a value
+    that arrives while one is running replaces any other waiting value, so at most one run is
+    queued, and the kernel stays free to take slider events meanwhile.
+    ``background=False`` runs synchronously (plain pytest, no kernel).
+    """
+
+    def __init__(self, work, background: bool = True):
+        self._work, self._background = work, background
+        self._lock = threading.Lock()
+        self._pending = _NOTHING
+        self._thread: threading.Thread | None = None
+
+    def submit(self, value) -> None:
+        if not self._background:
+            self._work(value)
+            return
+        with self._lock:
+            self._pending = value
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._drain, daemon=True)
+                self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                value, self._pending = self._pending, _NOTHING
+                if value is _NOTHING:
+                    return
+            self._work(value)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until nothing is running or waiting."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+_NOTHING = object()

@@ -61,10 +61,11 @@ class ScalingExplorer:
         plot_speedup(result, ax=right)
         return fig
 
-    def widget(self, params: int | None = None, world_size: int | None = None):
+    def widget(self, params: int | None = None, world_size: int | None = None,
+               background: bool = True):
         import ipywidgets as widgets
 
-        from labkit.widgets.render import show_figure
+        from labkit.widgets.render import LatestOnly, show_figure
 
         gpus = widgets.SelectionSlider(options=self.world_sizes,
                                        value=world_size or self.world_sizes[-1],
@@ -72,16 +73,24 @@ class ScalingExplorer:
         size = widgets.SelectionSlider(options=[(f"{p / 1e6:.2g}M", p) for p in self.sizes],
                                        value=params or self.sizes[0], description="model size",
                                        continuous_update=False)
-        plot = widgets.Output()
+        plot, status = widgets.Output(), widgets.HTML()
 
-        def redraw(change=None):
-            show_figure(plot, self.figure(size.value, gpus.value))
+        def draw(setting: tuple[int, int]) -> None:
+            params, world_size = setting
+            status.value = f"<i>measuring {world_size} GPU(s), {params / 1e6:.2g}M ...</i>"
+            try:
+                show_figure(plot, self.figure(params, world_size))
+                status.value = ""
+            except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
+                status.value = f"<span style='color:firebrick'>{type(exc).__name__}: {exc}"
 
-        gpus.observe(redraw, names="value")
-        size.observe(redraw, names="value")
-        redraw()
-        box = widgets.VBox([widgets.HBox([gpus, size]), plot])
-        box.gpus, box.size, box.plot = gpus, size, plot
+        runner = LatestOnly(draw, background)
+        for control in (gpus, size):
+            control.observe(lambda change: runner.submit((size.value, gpus.value)),
+                            names="value")
+        draw((size.value, gpus.value))
+        box = widgets.VBox([widgets.HBox([gpus, size]), status, plot])
+        box.gpus, box.size, box.plot, box.runner = gpus, size, plot, runner
         return box
 
 

@@ -1,0 +1,177 @@
+"""The learner's view: every notebook opened in a real JupyterLab, in headless Chromium, run
+from the Run menu; the main slider of the memory-wall and data-parallel notebooks is moved
+and the plot must redraw. Screenshots and the measured slider latency go to artifacts/browser/.
+
+Needs Debian's ``chromium`` and the ``playwright`` package (driving the system browser; no
+browser download). ``.ci/run`` installs both; elsewhere this test is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.notebook_checks import NOTEBOOKS
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "artifacts" / "browser"
+CHROMIUM = shutil.which("chromium")
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:
+    sync_playwright = None
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or sync_playwright is None,
+    reason="needs Debian's chromium (apt-get install chromium) and pip's playwright; "
+           ".ci/run installs both")
+
+# notebook -> (the description of the slider a learner moves first, the key that moves it:
+# the model size starts smallest, the GPU count largest)
+SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
+           "02_data_parallel": ("GPUs", "ArrowLeft")}
+RUN_ALL_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prepare_root(root: Path) -> None:
+    """Copy the notebooks with their smoke-size parameters injected, widgets on."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    shutil.copytree(REPO / "notebooks" / "quizzes", root / "quizzes")
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        parameters = {**NOTEBOOKS[path.stem][0], "interactive": True}
+        nb = parameterize_notebook(load_notebook_node(str(path)), parameters)
+        nbformat.write(nb, root / path.name)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    _prepare_root(root)
+    settings = tmp_path_factory.mktemp("settings")
+    notes = settings / "@jupyterlab" / "apputils-extension"
+    notes.mkdir(parents=True)
+    (notes / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    tracker = settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)  # render every cell, so that every prompt can be read
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp_path_factory.mktemp("log") / "lab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
+         f"--ServerApp.root_dir={root}", "--LabApp.extension_manager=readonly",
+         "--LabApp.news_url=None"],
+        env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings)}, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail(f"JupyterLab did not start; see {log.name}")
+            time.sleep(0.5)
+    yield url, token
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM, headless=True,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"],
+            viewport={"width": 1280, "height": 1000})
+        yield context
+        context.close()
+
+
+def _run_all(page) -> None:
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
+    prompts = page.locator(".jp-CodeCell .jp-InputArea-prompt")
+    while time.monotonic() < deadline:
+        texts = prompts.all_inner_texts()
+        if texts and all(t.strip().startswith("[") and t.strip()[1:-2].isdigit() for t in texts):
+            return
+        time.sleep(1)
+    pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT_S} s: prompts {texts}")
+
+
+def _saved_errors(page, url: str, token: str, name: str) -> list[str]:
+    page.keyboard.press("Control+s")
+    time.sleep(2)
+    with urllib.request.urlopen(f"{url}/api/contents/{name}?token={token}&content=1") as r:
+        cells = json.load(r)["content"]["cells"]
+    return [f"{o['ename']}: {o['evalue']}" for c in cells if c["cell_type"] == "code"
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def _move_slider(page, label: str, key: str) -> float:
+    """Press ``key`` on the slider; seconds until the plot image changed and settled."""
+    slider = page.locator(".widget-hslider", has_text=label).first
+    image = page.locator(".widget-output img").first
+    before = image.get_attribute("src")
+    slider.locator(".noUi-handle").focus()
+    start = time.monotonic()
+    page.keyboard.press(key)
+    changed_at, last = None, before
+    while time.monotonic() - start < 120:
+        src = image.get_attribute("src")
+        if src != last:
+            changed_at, last = time.monotonic(), src
+        elif changed_at and time.monotonic() - changed_at > 1.5:
+            return changed_at - start
+        time.sleep(0.05)
+    pytest.fail(f"the plot did not redraw after moving '{label}'")
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_notebook_in_jupyterlab(lab, browser, name):
+    url, token = lab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page()
+    # A workspace of its own, reset: only this notebook is open and active.
+    page.goto(f"{url}/lab/workspaces/{name}/tree/{name}.ipynb?reset&token={token}")
+    _run_all(page)
+    page.screenshot(path=str(ARTIFACTS / f"{name}-run-all.png"), full_page=True)
+    assert _saved_errors(page, url, token, f"{name}.ipynb") == []
+    if name in SLIDERS:
+        seconds = _move_slider(page, *SLIDERS[name])
+        page.screenshot(path=str(ARTIFACTS / f"{name}-after-slider.png"), full_page=True)
+        latency = ARTIFACTS / "slider_latency.json"
+        figures = json.loads(latency.read_text()) if latency.exists() else {}
+        figures[name] = round(seconds, 2)
+        latency.write_text(json.dumps(figures, indent=1))
+        print(f"{name}: slider release -> redrawn plot in {seconds:.2f} s")
+    page.close()
