@@ -94,3 +94,14 @@ def test_cluster_runs_from_two_threads_take_turns():
         for thread in threads:
             thread.join(60)
         assert results == [[7]] * 4
+
+
+def test_controls_are_shared_and_labelled():
+    from labkit.widgets import controls
+
+    assert controls.gpu_count_slider([4, 1, 2]).value == 4
+    size = controls.model_size_slider([200_000, 1_000_000])
+    assert size.options[0] == ("0.2M params", 200_000) and size.description == "model size"
+    assert controls.memory_cap_slider([2**20, 2**30]).options[1][0] == "1 GiB"
+    assert controls.strategy_picker().value == "ddp"
+    assert controls.micro_batches_slider().options == (1, 2, 4, 8)

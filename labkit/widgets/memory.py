@@ -62,12 +62,10 @@ class MemoryExplorer:
     def widget(self, params: int | None = None, background: bool = True):
         import ipywidgets as widgets
 
+        from labkit.widgets.controls import model_size_slider
         from labkit.widgets.render import LatestOnly, show_figure
 
-        slider = widgets.SelectionSlider(options=[(_label(p), p) for p in self.sizes],
-                                         value=params or self.sizes[0],
-                                         description="model size", continuous_update=False,
-                                         layout={"width": "450px"})
+        slider = model_size_slider(self.sizes, params)
         status, message, plot = widgets.HTML(), widgets.HTML(), widgets.Output()
 
         def draw(params: int) -> None:

@@ -65,14 +65,11 @@ class ScalingExplorer:
                background: bool = True):
         import ipywidgets as widgets
 
+        from labkit.widgets.controls import gpu_count_slider, model_size_slider
         from labkit.widgets.render import LatestOnly, show_figure
 
-        gpus = widgets.SelectionSlider(options=self.world_sizes,
-                                       value=world_size or self.world_sizes[-1],
-                                       description="GPUs", continuous_update=False)
-        size = widgets.SelectionSlider(options=[(f"{p / 1e6:.2g}M", p) for p in self.sizes],
-                                       value=params or self.sizes[0], description="model size",
-                                       continuous_update=False)
+        gpus = gpu_count_slider(self.world_sizes, world_size)
+        size = model_size_slider(self.sizes, params)
         plot, status = widgets.Output(), widgets.HTML()
 
         def draw(setting: tuple[int, int]) -> None:
