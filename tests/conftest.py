@@ -1,4 +1,4 @@
-"""Shared fixtures: a warm 2-rank cluster, and a check that no rank outlives its test."""
+"""Shared fixtures: warm clusters, and checks that no rank outlives its test."""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def wait_gone(pids, timeout: float = 10.0) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster2():
+def one():
+    """A warm 1-rank CPU cluster, shared by a test module."""
+    with labkit.Cluster(1, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def two():
+    """A warm 2-rank CPU cluster, shared by a test module."""
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
         yield cluster

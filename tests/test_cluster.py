@@ -56,46 +56,46 @@ def test_function_from_main_all_reduces_rank_ids_on_four_ranks():
     assert results.world_size == 4 and results.backend == "gloo"
 
 
-def test_context_describes_each_rank(cluster2):
-    infos = cluster2.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend,
+def test_context_describes_each_rank(two):
+    infos = two.run(lambda ctx: (ctx.rank, ctx.world_size, str(ctx.device), ctx.backend,
                                       torch.get_num_threads(), dist.get_rank(ctx.group)))
     assert infos == [(0, 2, "cpu", "gloo", 1, 0), (1, 2, "cpu", "gloo", 1, 1)]
-    assert [r["rank"] for r in cluster2.ranks] == [0, 1]
-    assert "<table>" in cluster2._repr_html_()
+    assert [r["rank"] for r in two.ranks] == [0, 1]
+    assert "<table>" in two._repr_html_()
 
 
-def test_arguments_results_and_state_persist_across_runs(cluster2):
+def test_arguments_results_and_state_persist_across_runs(two):
     def keep(ctx, value, *, scale):
         ctx.state["kept"] = value * scale + ctx.rank
         return torch.full((2,), float(ctx.rank))
 
-    tensors = cluster2.run(keep, 10, scale=3)
+    tensors = two.run(keep, 10, scale=3)
     assert [t.tolist() for t in tensors] == [[0.0, 0.0], [1.0, 1.0]]
-    assert cluster2.run(lambda ctx: ctx.state["kept"]) == [30, 31]
+    assert two.run(lambda ctx: ctx.state["kept"]) == [30, 31]
 
 
-def test_ranks_are_reused_between_runs(cluster2):
-    pids = cluster2.run(lambda ctx: __import__("os").getpid())
+def test_ranks_are_reused_between_runs(two):
+    pids = two.run(lambda ctx: __import__("os").getpid())
     start = time.monotonic()
     for _ in range(10):
-        cluster2.run(lambda ctx: None)
+        two.run(lambda ctx: None)
     per_run = (time.monotonic() - start) / 10
-    assert cluster2.run(lambda ctx: __import__("os").getpid()) == pids
+    assert two.run(lambda ctx: __import__("os").getpid()) == pids
     assert per_run < 0.5  # no process start-up, no init_process_group
 
 
-def test_unpicklable_arguments_are_refused_in_the_notebook(cluster2):
+def test_unpicklable_arguments_are_refused_in_the_notebook(two):
     import threading
 
     with pytest.raises(TypeError, match="cannot send"):
-        cluster2.run(lambda ctx, lock: None, threading.Lock())
+        two.run(lambda ctx, lock: None, threading.Lock())
     with pytest.raises(TypeError, match="needs a function"):
-        cluster2.run(42)
-    assert cluster2.run(lambda ctx: ctx.rank) == [0, 1]
+        two.run(42)
+    assert two.run(lambda ctx: ctx.rank) == [0, 1]
 
 
-def test_prints_on_ranks_reach_the_notebook(cluster2, capsys):
-    cluster2.run(lambda ctx: print(f"hello from {ctx.rank}"))
+def test_prints_on_ranks_reach_the_notebook(two, capsys):
+    two.run(lambda ctx: print(f"hello from {ctx.rank}"))
     out = capsys.readouterr().out
     assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
 

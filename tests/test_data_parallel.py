@@ -18,18 +18,6 @@ from tests.conftest import descendants
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def one():
-    with labkit.Cluster(1, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def two():
-    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
 def _assert_same_training(reference, report, tol=1e-5):
     """Losses step by step, and final weights on every rank. SGD is used for weights: its
     update is linear in the gradient, while Adam divides by sqrt(v) and so blows float

@@ -13,18 +13,6 @@ from labkit.models import BIG_DECODERS, DLRMConfig, GPTConfig, MLPConfig, count_
 ZOO = [MLPConfig(d_hidden=384), GPTConfig(), DLRMConfig(rows_per_table=4000)]
 
 
-@pytest.fixture(scope="module")
-def one():
-    with labkit.Cluster(1, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def two():
-    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
 def _check(report):
     for rank in report.ranks:
         memory = rank["memory"]

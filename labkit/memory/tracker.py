@@ -93,12 +93,14 @@ class MemoryTracker(upstream.MemTracker):
         self.capacity_bytes = capacity_bytes
         self._seen_modules = WeakIdKeyDictionary()
         self._forced = None
+        self._bytes = dict.fromkeys(CATEGORIES, 0)  # live bytes per category
+        self._total_bytes = 0
         self.reset_peak()
 
     # ----- what the tracker reports -----------------------------------------------------
     def live(self) -> dict[str, int]:
         """Live bytes now, by category, plus "total"."""
-        return self._by_category(self._curr_mem_snap)
+        return {**self._bytes, "total": self._total_bytes}
 
     def reset_peak(self) -> None:
         """Start a new peak window (e.g. one training step) from the current live bytes."""
@@ -120,17 +122,6 @@ class MemoryTracker(upstream.MemTracker):
                 "at_peak": dict(self.peak_breakdown), "category_peaks": dict(self.category_peaks),
                 "capacity_bytes": self.capacity_bytes}
 
-    def _by_category(self, snapshot: dict) -> dict[str, int]:
-        out = dict.fromkeys(CATEGORIES, 0)
-        total = 0
-        for device_snap in snapshot.values():
-            for reftype, nbytes in device_snap.items():
-                if reftype in _CATEGORY_OF:
-                    out[_CATEGORY_OF[reftype]] += nbytes
-            total += device_snap.get(upstream._TOTAL_KEY, 0)
-        out["total"] = total
-        return out
-
     @contextlib.contextmanager
     def label_as(self, category: str):
         """File every allocation made inside under ``category`` (e.g. communication buffers
@@ -147,32 +138,44 @@ class MemoryTracker(upstream.MemTracker):
     def _track(self, reftype, t) -> None:
         super()._track(self._forced or reftype, t)
 
-    # ----- the capacity, checked where MemTracker updates its counts ---------------------
+    # ----- the counts: MemTracker's, kept per category too, with the capacity check -----
     def _total(self) -> int:
-        return sum(snap.get(upstream._TOTAL_KEY, 0) for snap in self._curr_mem_snap.values())
-
-    def _category_bytes(self, category: str) -> int:
-        return sum(nbytes for snap in self._curr_mem_snap.values()
-                   for reftype, nbytes in snap.items() if _CATEGORY_OF.get(reftype) == category)
+        return self._total_bytes
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
-        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-        if u_type not in _GROWS and u_type is not upstream._UpdateType.REF:
-            return
+        # MemTracker's bookkeeping of ``_curr_mem_snap``, plus running totals per category so
+        # that every op costs O(1) (this runs for every tensor every op creates).
+        snap = self._curr_mem_snap.get(winfo.device)
+        if snap is None:
+            snap = self._curr_mem_snap[winfo.device] = dict.fromkeys(self._ref_class, 0)
+            snap[upstream._TOTAL_KEY] = 0
         category = _CATEGORY_OF[winfo.reftype]
-        self.category_peaks[category] = max(self.category_peaks[category],
-                                            self._category_bytes(category))
-        if u_type is upstream._UpdateType.REF or self.capacity_bytes is None:
-            return
-        total = self._total()
-        if total > self.capacity_bytes:
-            grown = winfo.mem_consumed
-            if u_type is upstream._UpdateType.SIZE:
-                grown -= old_mem_consumed
+        size = winfo.mem_consumed
+        if u_type is upstream._UpdateType.REF:
+            snap[old_reftype] -= size
+            snap[winfo.reftype] += size
+            self._bytes[_CATEGORY_OF[old_reftype]] -= size
+            self._bytes[category] += size
+        else:
+            if u_type is upstream._UpdateType.ADD:
+                delta = size
+            elif u_type is upstream._UpdateType.DEL:
+                delta = -size
+            else:  # SIZE: a storage was resized
+                delta = size - old_mem_consumed
+            snap[winfo.reftype] += delta
+            snap[upstream._TOTAL_KEY] += delta
+            self._bytes[category] += delta
+            self._total_bytes += delta
+            if delta <= 0:
+                return
+        self.category_peaks[category] = max(self.category_peaks[category], self._bytes[category])
+        if (u_type is not upstream._UpdateType.REF and self.capacity_bytes is not None
+                and self._total_bytes > self.capacity_bytes):
             before = self.live()  # what was in use before the allocation that failed
-            before[category] -= grown
-            before["total"] -= grown
-            raise DeviceOOM(self.rank, str(winfo.device), grown, self.capacity_bytes,
+            before[category] -= delta
+            before["total"] -= delta
+            raise DeviceOOM(self.rank, str(winfo.device), delta, self.capacity_bytes,
                             before["total"], before)
 
     def _update_peak_stats(self, peak_state) -> None:
