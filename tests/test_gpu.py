@@ -37,3 +37,36 @@ def test_nccl_failure_is_reported_and_recovers():
         with pytest.raises(labkit.RankError, match="boom"):
             cluster.run(crash)
         assert cluster.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_cuda_oom_under_a_capacity_is_device_oom():
+    def allocate(ctx, nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8, device=ctx.device).numel()
+
+    with labkit.Cluster(1, device="cuda", memory_per_device="256MiB", progress=False) as c:
+        assert c.run(allocate, 64 * 2**20) == [64 * 2**20]
+        with pytest.raises(labkit.DeviceOOM) as info:
+            c.run(allocate, 512 * 2**20)
+        assert info.value.capacity_bytes == 256 * 2**20 and "CUDA said" in str(info.value)
+        assert c.run(allocate, 64 * 2**20) == [64 * 2**20]
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_more_ranks_than_gpus_share_them_when_capped():
+    ranks = torch.cuda.device_count() + 1
+    with labkit.Cluster(ranks, device="cuda", memory_per_device="1GiB", progress=False) as c:
+        assert c.shared_gpus and c.backend == "gloo"
+
+        def total(ctx):
+            value = torch.ones(1, device=ctx.device)
+            dist.all_reduce(value)
+            return value.item()
+
+        results = c.run(total)
+        assert results == [float(ranks)] * ranks and results.shared_gpus

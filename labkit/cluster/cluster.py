@@ -21,13 +21,12 @@ from multiprocessing.connection import wait
 import cloudpickle
 
 from labkit.cluster.errors import ClusterError, RankError, RunTimeout
-from labkit.cluster.hardware import gpu_count, physical_cores
+from labkit.cluster.hardware import gpu_count, physical_cores, resolve_device
 from labkit.cluster.processes import Processes, RankHandle
 from labkit.cluster.progress import RunProgress
 from labkit.cluster.rank import RankSpec
 from labkit.memory import DeviceOOM, parse_bytes
 
-DEVICES = ("auto", "cpu", "cuda")
 FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the others' reports
 POLL_S = 0.1
 
@@ -47,26 +46,6 @@ class RunResults(list):
         super().__init__(values)
         self.world_size, self.device, self.backend = world_size, device, backend
         self.oversubscribed, self.seconds, self.shared_gpus = oversubscribed, seconds, shared_gpus
-
-
-def _resolve_device(world_size: int, device: str, capacity_bytes: int | None) -> tuple[str, bool]:
-    """(device type, whether ranks share GPUs), or a clear error before any process starts."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be a whole number, got {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
-    gpus = gpu_count()
-    if device == "cuda" and world_size > gpus:
-        if gpus and capacity_bytes is not None:
-            return "cuda", True  # ranks share GPUs, each capped to its share
-        raise ValueError(f"asked for {world_size} GPU ranks but this machine has {gpus} GPU(s): "
-                         f"use fewer ranks, device='cpu' for {world_size} virtual GPUs"
-                         + (", or memory_per_device=... to share the GPUs" if gpus else ""))
-    if device == "auto":
-        return ("cuda" if 0 < world_size <= gpus else "cpu"), False
-    return device, False
 
 
 class Cluster:
@@ -89,7 +68,7 @@ class Cluster:
                  memory_per_device: int | str | None = None, progress: bool = True,
                  start_timeout: float = 120.0):
         self.memory_per_device = memory_per_device  # validated before any process starts
-        self.device, self.shared_gpus = _resolve_device(world_size, device, self._capacity_bytes)
+        self.device, self.shared_gpus = resolve_device(world_size, device, self._capacity_bytes)
         # NCCL refuses two ranks on one GPU: shared GPUs talk over gloo.
         self.backend = "nccl" if self.device == "cuda" and not self.shared_gpus else "gloo"
         self.progress = progress
@@ -145,7 +124,7 @@ class Cluster:
 
     def resize(self, world_size: int) -> None:
         """Restart with a different number of ranks (the zygote, and torch, stay loaded)."""
-        _, shared_gpus = _resolve_device(world_size, self.device, self._capacity_bytes)
+        _, shared_gpus = resolve_device(world_size, self.device, self._capacity_bytes)
         with self._busy:
             self.shared_gpus = shared_gpus
             self.backend = "nccl" if self.device == "cuda" and not shared_gpus else "gloo"
