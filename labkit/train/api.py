@@ -22,8 +22,9 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory.
     """
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
-    strategy_for(config.strategy).check(cluster.world_size, config.global_batch,
-                                        config.micro_batches)
+    strategy = strategy_for(config.strategy)
+    strategy.check(cluster.world_size, config.global_batch, config.micro_batches)
+    strategy.check_model(config.model)
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device
@@ -31,6 +32,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     finally:
         cluster.memory_per_device = saved
-    est = estimate_memory(config, cluster.world_size).to_dict() if estimate else None
+    est = None
+    if estimate and strategy.estimable:
+        est = estimate_memory(config, cluster.world_size).to_dict()
     return TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                        ranks.oversubscribed, list(ranks), est)

@@ -9,9 +9,9 @@ import torch
 from labkit.comm.meter import CommMeter
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live
-from labkit.models import build_model, loss_fn, make_batch, to_device
+from labkit.models import loss_fn, make_batch, to_device
 from labkit.train.config import TrainConfig
-from labkit.train.step import make_optimizer, run_step, weight_dtype
+from labkit.train.step import make_optimizer, run_step
 from labkit.train.strategy import local_slice, strategy_for
 
 
@@ -41,6 +41,10 @@ def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict
     batch = to_device(batch, ctx.device, copy=True)
     meter.reset()
     synchronize = torch.cuda.synchronize if ctx.device.type == "cuda" else None
+    own = strategy.step(ctx, model, batch, optimizer, config, synchronize)
+    if own is not None:  # a strategy with a step of its own (pipelines)
+        ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
+        return _own_step_record(own, ctx)
     timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
                       lambda: strategy.sync_gradients(ctx, model, meter), synchronize,
                       config.micro_batches, strategy.no_sync(model))
@@ -55,6 +59,18 @@ def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict
             "memory_tracked": ctx.memory._depth > 0}
 
 
+def _own_step_record(own: dict, ctx) -> dict:
+    """A pipeline's step: busy time from its timeline is computation, the rest waiting."""
+    events = own["timeline"]
+    spent = {kind: sum(e["end"] - e["start"] for e in events if e["kind"] == kind)
+             for kind in ("F", "B")}
+    return {"loss": own["loss"], "step_s": own["step_s"], "forward_s": spent["F"],
+            "backward_s": spent["B"], "optimizer_s": own["optimizer_s"],
+            "comm_s": own["waiting_s"], "compute_s": own["step_s"] - own["waiting_s"],
+            "comm_busy_s": own["waiting_s"], "comm_bytes": 0, "comm_calls": 0,
+            "timeline": events, "memory_tracked": ctx.memory._depth > 0}
+
+
 def train_on_rank(ctx, config_dict: dict) -> dict:
     """Train ``config`` on this rank; return its losses, phase times, traffic and memory."""
     config = TrainConfig.from_dict(config_dict)
@@ -63,9 +79,7 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     gc.collect()  # what earlier runs left in reference cycles would still hold device memory
     with ctx.memory as tracker:
         tracker.reset_peak()
-        model = build_model(config.model, ctx.device, config.seed,
-                            weight_dtype(config.precision))
-        model = strategy.wrap(ctx, model, meter, config)
+        model = strategy.wrap(ctx, strategy.build(ctx, config), meter, config)
         optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
         tracker.track_external(model, optimizer)
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets): "other"

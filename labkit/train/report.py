@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,10 @@ class TrainReport:
 
     @property
     def losses(self) -> list[float]:
-        """The global batch's loss per step: the mean of the ranks' equal-sized slices."""
-        return self._per_step("loss", lambda values: statistics.fmean(values))
+        """The global batch's loss per step: the mean of the ranks' equal-sized slices (in a
+        pipeline only the last stage knows the loss; the others report NaN)."""
+        return self._per_step("loss", lambda values: statistics.fmean(
+            [v for v in values if not math.isnan(v)]))
 
     @property
     def step_s(self) -> list[float]:

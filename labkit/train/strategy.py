@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from labkit.comm.meter import CommMeter
+from labkit.models import build_model
 
 
 class Strategy:
@@ -18,6 +19,7 @@ class Strategy:
     name = "single"
     shards_batch = False  # data-parallel strategies train on a slice of the global batch
     overlaps_comm = False  # communication runs inside backward (DDP) rather than after it
+    estimable = True  # estimate_memory knows this strategy
 
     def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:
         """Raise ValueError, before any process starts, if this cannot run as asked."""
@@ -28,8 +30,21 @@ class Strategy:
             raise ValueError(f"strategy 'single' trains on one device, not {world_size}: use "
                              "labkit.Cluster(1) or a data-parallel strategy such as 'ddp'")
 
+    def check_model(self, model_config) -> None:
+        """Raise ValueError, before any process starts, for a model this cannot train."""
+
+    def build(self, ctx, config) -> nn.Module:
+        """The model (or this rank's part of it) on the device."""
+        from labkit.train.step import weight_dtype
+
+        return build_model(config.model, ctx.device, config.seed, weight_dtype(config.precision))
+
     def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
         return model
+
+    def step(self, ctx, model, batch, optimizer, config, synchronize) -> dict | None:
+        """A whole training step of the strategy's own, or None for the shared one."""
+        return None
 
     def sync_gradients(self, ctx, model: nn.Module, meter: CommMeter) -> None:
         """Called after backward, before the optimizer step."""
@@ -51,8 +66,12 @@ class DataParallelBase(Strategy):
 
 def strategy_for(name: str) -> Strategy:
     from labkit.data_parallel import DDPStrategy, NaiveDataParallel
+    from labkit.pipeline_parallel.strategy import PipelineStrategy
 
-    strategies = {"single": Strategy, "naive_dp": NaiveDataParallel, "ddp": DDPStrategy}
+    strategies = {"single": Strategy, "naive_dp": NaiveDataParallel, "ddp": DDPStrategy,
+                  "naive_pipeline": lambda: PipelineStrategy("naive_pipeline"),
+                  "gpipe": lambda: PipelineStrategy("gpipe"),
+                  "1f1b": lambda: PipelineStrategy("1f1b")}
     if name not in strategies:
         raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(strategies)}")
     return strategies[name]()

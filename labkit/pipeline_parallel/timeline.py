@@ -1,0 +1,43 @@
+"""When each micro-batch's forward and backward ran, per stage, and the bubble it leaves."""
+
+from __future__ import annotations
+
+import time
+
+# Wall-clock time (time.time) is shared by every process on a machine, so the events of all
+# ranks can be drawn on one axis.
+clock = time.time
+
+
+def record(events: list, kind: str, microbatch: int, start: float, end: float) -> None:
+    events.append({"kind": kind, "microbatch": microbatch, "start": start, "end": end})
+
+
+def instrument_stage(stage, events: list) -> None:
+    """Record every ``forward_one_chunk`` / ``backward_one_chunk`` of a torch.distributed
+    .pipelining stage. These are private methods of torch 2.13's ``_PipelineStageBase``
+    (pinned; ``tests/test_pipeline_parallel.py`` checks the recorded timeline)."""
+    for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
+        original = getattr(stage, name)
+
+        def timed(chunk_id, *args, _original=original, _kind=kind, **kwargs):
+            start = clock()
+            try:
+                return _original(chunk_id, *args, **kwargs)
+            finally:
+                record(events, _kind, chunk_id, start, clock())
+
+        setattr(stage, name, timed)
+
+
+def bubble_fraction(timelines: list[list[dict]]) -> float:
+    """Share of the step's span that stages sat idle: 1 - mean busy time / span."""
+    events = [e for timeline in timelines for e in timeline]
+    span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    busy = [sum(e["end"] - e["start"] for e in timeline) for timeline in timelines]
+    return 1 - sum(busy) / len(busy) / span
+
+
+def theoretical_bubble(stages: int, microbatches: int) -> float:
+    """(p - 1) / (m + p - 1): GPipe's idle share with equal stages (Huang et al., 2019)."""
+    return (stages - 1) / (microbatches + stages - 1)

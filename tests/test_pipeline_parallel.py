@@ -1,0 +1,106 @@
+"""Pipeline parallelism: stages, schedules (hand-written, GPipe, 1F1B), timelines, bubbles."""
+
+from __future__ import annotations
+
+import pytest
+
+import labkit
+from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model
+from labkit.pipeline_parallel.stages import as_layers, split_stages
+from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
+from tests.conftest import descendants
+
+# Compute-dominated: each micro-batch's work dwarfs sending its activations.
+HEAVY = labkit.TrainConfig(model=MLPConfig(d_in=512, d_hidden=1024, n_layers=4),
+                           global_batch=1024, steps=3, optimizer="sgd")
+
+
+@pytest.mark.parametrize("config", [MLPConfig(n_layers=4), GPTConfig(n_layers=4)],
+                         ids=lambda c: c.name)
+@pytest.mark.parametrize("stages", [2, 4])
+def test_stages_cover_the_model_in_order(config, stages):
+    model = build_model(config)
+    parts = split_stages(model, stages)
+    assert len(parts) == stages
+    # Every weight, once, in the model's own order.
+    assert [id(p) for part in parts for p in part.parameters()] == [
+        id(p) for layer in as_layers(model) for p in layer.parameters()] == [
+        id(p) for p in model.parameters()]
+    assert all(sum(p.numel() for p in part.parameters()) > 0 for part in parts)
+    with pytest.raises(ValueError, match="cannot fill"):
+        split_stages(model, 50)
+
+
+@pytest.mark.parametrize("model", [MLPConfig(n_layers=4), GPTConfig(n_layers=2)],
+                         ids=lambda c: c.name)
+@pytest.mark.parametrize("schedule, micro_batches", [("naive_pipeline", 1), ("gpipe", 4),
+                                                     ("1f1b", 4)])
+def test_pipeline_training_equals_one_device(one, two, model, schedule, micro_batches):
+    config = labkit.TrainConfig(model=model, global_batch=16, steps=3, lr=0.05,
+                                optimizer="sgd")
+    reference = labkit.train(one, config, estimate=False)
+    report = labkit.train(two, config, strategy=schedule, micro_batches=micro_batches)
+    assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+
+
+def test_four_stages_and_their_timeline(one):
+    config = labkit.TrainConfig(model=MLPConfig(n_layers=4), global_batch=32, steps=2,
+                                lr=0.05, optimizer="sgd")
+    reference = labkit.train(one, config, estimate=False)
+    with labkit.Cluster(4, device="cpu", progress=False) as four:
+        report = labkit.train(four, config, strategy="gpipe", micro_batches=4)
+    assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+    timelines = [rank["records"][-1]["timeline"] for rank in report.ranks]
+    for stage, timeline in enumerate(timelines):
+        assert sorted((e["kind"], e["microbatch"]) for e in timeline) == sorted(
+            [("F", m) for m in range(4)] + [("B", m) for m in range(4)])
+        assert all(e["start"] <= e["end"] for e in timeline)
+        assert [e["start"] for e in timeline] == sorted(e["start"] for e in timeline)
+        for e in timeline:
+            same = {(x["kind"], x["microbatch"]): x for x in timeline}
+            if e["kind"] == "B":
+                assert same[("F", e["microbatch"])]["end"] <= e["start"]
+            if stage > 0 and e["kind"] == "F":  # the activation came from the stage before
+                before = {(x["kind"], x["microbatch"]): x for x in timelines[stage - 1]}
+                assert before[("F", e["microbatch"])]["end"] <= e["end"]
+
+
+def test_bubble_follows_the_formula_and_shrinks_with_micro_batches(two):
+    measured = {}
+    for schedule, m in [("naive_pipeline", 1), ("gpipe", 4)]:
+        report = labkit.train(two, HEAVY, strategy=schedule, micro_batches=m)
+        measured[m] = bubble_fraction([r["records"][-1]["timeline"] for r in report.ranks])
+    assert abs(measured[1] - theoretical_bubble(2, 1)) < 0.1
+    assert measured[4] < measured[1] - 0.1
+    assert labkit.plots.plot_gantt(report).axes
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe(two):
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        report = labkit.train(two, HEAVY, strategy=schedule, micro_batches=8)
+        peaks[schedule] = report.ranks[0]["memory"]["category_peaks"]["activations"]
+    assert peaks["1f1b"] < peaks["gpipe"]
+
+
+def test_a_model_too_big_for_one_device_trains_on_two_stages():
+    config = labkit.TrainConfig(model=MLPConfig(d_in=64, d_hidden=1024, n_layers=6),
+                                global_batch=32, steps=2)
+    with labkit.Cluster(1, device="cpu", memory_per_device="64MiB", progress=False) as one:
+        with pytest.raises(labkit.DeviceOOM):
+            labkit.train(one, config)
+    with labkit.Cluster(2, device="cpu", memory_per_device="64MiB", progress=False) as two:
+        report = labkit.train(two, config, strategy="gpipe", micro_batches=2)
+    assert max(report.peak_bytes) <= 64 * 2**20
+    assert report.losses[-1] < report.losses[0] * 1.5
+
+
+def test_bad_pipelines_fail_before_any_run(two):
+    before = descendants()
+    with pytest.raises(ValueError, match="at least as many micro-batches"):
+        labkit.train(two, model="mlp", strategy="1f1b", micro_batches=1)
+    with pytest.raises(ValueError, match="one whole batch"):
+        labkit.train(two, model="mlp", strategy="naive_pipeline", micro_batches=2)
+    with pytest.raises(ValueError, match="chain of layers"):
+        labkit.train(two, model=DLRMConfig(), strategy="gpipe", micro_batches=2)
+    assert descendants() == before
