@@ -45,6 +45,17 @@ def check_02(results: dict) -> None:
     assert comm["bytes"] > 0 and comm["predicted_s"] > 0 and comm["measured_busy_s"] > 0
 
 
+def check_03(results: dict) -> None:
+    assert results["single_oom"], "the model was meant not to fit one device"
+    for peaks in results["peaks"].values():
+        assert max(peaks) <= results["capacity"]  # but it fits as stages
+    losses = results["losses"]
+    for name in ("gpipe", "1f1b"):  # micro-batching does not change the training
+        assert all(abs(a - b) < 1e-5 for a, b in zip(losses[name], losses["naive"], strict=True))
+    assert abs(results["bubble"]["naive"] - results["theory"]["naive"]) < 0.15
+    assert results["activations"]["1f1b"] < results["activations"]["gpipe"]
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -53,4 +64,8 @@ NOTEBOOKS = {
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
                           "sizes": [5e5], "world_sizes": [1, 2], "interactive": False},
                          check_02),
+    "03_pipeline_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 256,
+                              "memory_per_device": "8MiB", "micro_batches": 4,
+                              "stage_options": [2], "micro_options": [1, 4], "steps": 2,
+                              "interactive": False}, check_03),
 }

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.skipif(
 # notebook -> (the description of the slider a learner moves first, the key that moves it:
 # the model size starts smallest, the GPU count largest)
 SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
-           "02_data_parallel": ("GPUs", "ArrowLeft")}
+           "02_data_parallel": ("GPUs", "ArrowLeft"),
+           "03_pipeline_parallel": ("micro-batches", "ArrowLeft")}
 RUN_ALL_TIMEOUT_S = 240
 
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+import labkit
+from labkit.models import GPTConfig, MLPConfig
 from labkit.tensor_parallel import parallel_mlp, tensor_parallel_mlp
 
 
@@ -48,3 +50,27 @@ def test_tensor_parallel_mlp_equals_the_plain_layers(two, kind):
         assert result["weight_grads"] < 1e-6
         # Weights split in two; only the row layer's bias (8 values) is kept whole.
         assert result["local_params"] == (result["plain_params"] - 8) // 2 + 8
+
+
+@pytest.mark.parametrize("model", [MLPConfig(n_layers=4), MLPConfig(n_layers=3),
+                                   GPTConfig(n_layers=2)], ids=["mlp", "mlp-odd", "gpt"])
+def test_tensor_parallel_training_equals_one_device(one, two, model):
+    config = labkit.TrainConfig(model=model, global_batch=16, steps=3, lr=0.05,
+                                optimizer="sgd")
+    reference = labkit.train(one, config, estimate=False)
+    report = labkit.train(two, config, strategy="tp")
+    assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+    full = reference.ranks[0]["memory"]["at_peak"]["parameters"]
+    for rank in report.ranks:  # each rank holds about half the weights
+        assert rank["memory"]["at_peak"]["parameters"] < 0.6 * full
+    if model.name == "mlp" and model.n_layers == 4:
+        assert max(report.peak_bytes) < 0.6 * reference.peak_bytes[0]
+
+
+def test_tensor_parallel_on_four_ranks_splits_heads(one):
+    config = labkit.TrainConfig(model=GPTConfig(n_layers=1), global_batch=8, steps=2,
+                                lr=0.05, optimizer="sgd")
+    reference = labkit.train(one, config, estimate=False)
+    with labkit.Cluster(4, device="cpu", progress=False) as four:
+        report = labkit.train(four, config, strategy="tp")
+    assert report.losses == pytest.approx(reference.losses, rel=1e-5)

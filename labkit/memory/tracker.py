@@ -136,6 +136,8 @@ class MemoryTracker(upstream.MemTracker):
             self._forced = saved
 
     def _track(self, reftype, t) -> None:
+        if t.device.type == "meta":
+            return  # shapes only: no memory anywhere
         super()._track(self._forced or reftype, t)
 
     # ----- the counts: MemTracker's, kept per category too, with the capacity check -----

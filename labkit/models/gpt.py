@@ -33,17 +33,19 @@ class GPTConfig:
 class SelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_heads = config.n_heads
+        self.d_head = config.d_model // config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, d_model = x.shape
-        q, k, v = self.qkv(x).split(d_model, dim=2)  # each (batch, seq, d_model)
-        heads = (batch, seq, self.n_heads, d_model // self.n_heads)
+        batch, seq, _ = x.shape
+        # Sizes come from the tensors, not the config: under tensor parallelism a rank holds
+        # only some heads (the local qkv output is 3 x heads_here x d_head wide).
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # each (batch, seq, heads x d_head)
+        heads = (batch, seq, q.shape[-1] // self.d_head, self.d_head)
         q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))  # (batch, head, seq, d_head)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class Block(nn.Module):

@@ -97,3 +97,11 @@ def plot_estimates(estimates: dict, capacity_bytes: int, capacity_label: str = "
     bars = [{"label": name, "breakdown": est.at_peak} for name, est in estimates.items()]
     title = "estimated peak per device\n(projected, not measured: traced on fake tensors)"
     return plot_memory_bars(bars, capacity_bytes, title=title, capacity_label=capacity_label)
+
+
+def plot_rank_memory(reports: dict, capacity_bytes: int | None = None,
+                     title: str = "peak memory per rank, measured") -> Figure:
+    """Measured peak by category for every rank of several runs (``{label: TrainReport}``)."""
+    bars = [{"label": f"{label}\nrank {rank['rank']}", "breakdown": rank["memory"]["at_peak"]}
+            for label, report in reports.items() for rank in report.ranks]
+    return plot_memory_bars(bars, capacity_bytes, title=title)

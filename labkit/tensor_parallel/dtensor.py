@@ -17,12 +17,11 @@ from torch.distributed.tensor.parallel import (
 
 
 def mlp_plan(mlp: nn.Sequential) -> dict:
-    """Pairs of linear layers in a Sequential: column-wise, then row-wise."""
+    """Pairs of linear layers in a Sequential: column-wise, then row-wise. With an odd count
+    the last layer stays whole on every rank (replicated)."""
     linears = [name for name, module in mlp.named_children() if isinstance(module, nn.Linear)]
-    if len(linears) % 2:
-        raise ValueError(f"tensor parallelism pairs linear layers; this MLP has {len(linears)}")
     plan = {}
-    for column, row in zip(linears[::2], linears[1::2], strict=True):
+    for column, row in zip(linears[::2], linears[1::2], strict=False):  # odd: last left out
         plan[column], plan[row] = ColwiseParallel(), RowwiseParallel()
     return plan
 

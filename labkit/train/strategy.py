@@ -67,11 +67,12 @@ class DataParallelBase(Strategy):
 def strategy_for(name: str) -> Strategy:
     from labkit.data_parallel import DDPStrategy, NaiveDataParallel
     from labkit.pipeline_parallel.strategy import PipelineStrategy
+    from labkit.tensor_parallel.strategy import TensorParallelStrategy
 
     strategies = {"single": Strategy, "naive_dp": NaiveDataParallel, "ddp": DDPStrategy,
                   "naive_pipeline": lambda: PipelineStrategy("naive_pipeline"),
                   "gpipe": lambda: PipelineStrategy("gpipe"),
-                  "1f1b": lambda: PipelineStrategy("1f1b")}
+                  "1f1b": lambda: PipelineStrategy("1f1b"), "tp": TensorParallelStrategy}
     if name not in strategies:
         raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(strategies)}")
     return strategies[name]()

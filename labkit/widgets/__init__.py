@@ -1,9 +1,11 @@
 """Widgets for the notebooks: each renders a static Figure too, for headless runs."""
 
 from labkit.widgets.memory import MemoryExplorer, memory_explorer
+from labkit.widgets.pipeline import PipelineExplorer, pipeline_explorer
 from labkit.widgets.quiz import load_quiz, quiz_html, quiz_widget, show_quiz
 from labkit.widgets.scaling import ScalingExplorer, scaling_explorer
 from labkit.widgets.source import show_source
 
-__all__ = ["MemoryExplorer", "ScalingExplorer", "load_quiz", "memory_explorer", "quiz_html",
-           "quiz_widget", "scaling_explorer", "show_quiz", "show_source"]
+__all__ = ["MemoryExplorer", "PipelineExplorer", "ScalingExplorer", "load_quiz",
+           "memory_explorer", "pipeline_explorer", "quiz_html", "quiz_widget",
+           "scaling_explorer", "show_quiz", "show_source"]
