@@ -64,6 +64,9 @@ class DataParallelBase(Strategy):
                              f"multiple of {world_size * micro_batches}")
 
 
+STRATEGIES = ("single", "naive_dp", "ddp", "naive_pipeline", "gpipe", "1f1b", "tp")
+
+
 def strategy_for(name: str) -> Strategy:
     from labkit.data_parallel import DDPStrategy, NaiveDataParallel
     from labkit.pipeline_parallel.strategy import PipelineStrategy
@@ -73,8 +76,8 @@ def strategy_for(name: str) -> Strategy:
                   "naive_pipeline": lambda: PipelineStrategy("naive_pipeline"),
                   "gpipe": lambda: PipelineStrategy("gpipe"),
                   "1f1b": lambda: PipelineStrategy("1f1b"), "tp": TensorParallelStrategy}
-    if name not in strategies:
-        raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(strategies)}")
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}")
     return strategies[name]()
 
 

@@ -27,14 +27,14 @@ from labkit.models import config_for, sized
 from labkit.train.config import OPTIMIZERS, PRECISIONS, TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
-from labkit.train.strategy import strategy_for
+from labkit.train.strategy import STRATEGIES, strategy_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm"])
     parser.add_argument("--params", type=float, help="size the model to about this many "
                         "parameters (default: the zoo's default size)")
-    parser.add_argument("--strategy", default="ddp", choices=["single", "naive_dp", "ddp"])
+    parser.add_argument("--strategy", default="ddp", choices=STRATEGIES)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -74,8 +74,9 @@ def main(args) -> int:
     device, backend = _join(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:
-        strategy_for(config.strategy).check(world_size, config.global_batch,
-                                            config.micro_batches)
+        strategy = strategy_for(config.strategy)
+        strategy.check(world_size, config.global_batch, config.micro_batches)
+        strategy.check_model(config.model)
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
         ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
@@ -86,8 +87,10 @@ def main(args) -> int:
         dist.gather_object(result, gathered, dst=0)
         if rank == 0:
             hosts = sorted({r["host"] for r in gathered})
+            estimate = (estimate_memory(config, world_size).to_dict() if strategy.estimable
+                        else None)
             report = TrainReport(config, world_size, device.type, backend, oversubscribed,
-                                 gathered, estimate_memory(config, world_size).to_dict(),
+                                 gathered, estimate,
                                  where=f"measured under torchrun on {', '.join(hosts)}")
             report.save(args.out)
             split = report.split()
