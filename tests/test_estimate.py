@@ -69,3 +69,10 @@ def test_7b_decoder_is_estimated_without_allocating_it():
     analytic = model_state_bytes(n, precision="fp32")["total"]
     assert analytic <= estimate.peak_bytes < 1.1 * analytic
     assert not estimate.fits(80 * 10**9)
+
+
+def test_strategies_it_cannot_trace_are_refused_not_guessed():
+    for strategy in ("gpipe", "tp"):
+        config = labkit.TrainConfig(model=MLPConfig(), strategy=strategy, micro_batches=2)
+        with pytest.raises(ValueError, match="does not know"):
+            labkit.estimate_memory(config, 2)

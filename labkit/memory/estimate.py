@@ -100,6 +100,9 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     from labkit.train.strategy import strategy_for
 
     strategy = strategy_for(config.strategy)
+    if not strategy.estimable:
+        raise ValueError(f"estimate_memory does not know strategy {config.strategy!r} yet "
+                         "(it traces single-device and data-parallel steps)")
     strategy.check(world_size, config.global_batch, config.micro_batches)
     batch = config.global_batch // world_size if strategy.shards_batch else config.global_batch
     traced = _traced_step_peak(config, batch)
