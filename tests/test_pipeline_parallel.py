@@ -104,3 +104,13 @@ def test_bad_pipelines_fail_before_any_run(two):
     with pytest.raises(ValueError, match="chain of layers"):
         labkit.train(two, model=DLRMConfig(), strategy="gpipe", micro_batches=2)
     assert descendants() == before
+
+
+def test_pipeline_explorer_redraws_for_new_micro_batches(two):
+    config = labkit.TrainConfig(model=MLPConfig(), global_batch=16, steps=2, optimizer="sgd")
+    box = labkit.widgets.pipeline_explorer(two, config, (2,), (1, 4), micro_batches=4)
+    before = box.plot.outputs[0]["data"]["image/png"]
+    box.micro_batches.value = 1
+    box.runner.wait(timeout=60)
+    assert box.plot.outputs[0]["data"]["image/png"] != before
+    assert box.status.value == ""

@@ -60,29 +60,13 @@ class MemoryExplorer:
                                       f"{self.cluster.world_size} device(s)")
 
     def widget(self, params: int | None = None, background: bool = True):
-        import ipywidgets as widgets
-
         from labkit.widgets.controls import model_size_slider
-        from labkit.widgets.render import LatestOnly, show_figure
+        from labkit.widgets.render import slider_panel
 
         slider = model_size_slider(self.sizes, params)
-        status, message, plot = widgets.HTML(), widgets.HTML(), widgets.Output()
-
-        def draw(params: int) -> None:
-            cached = (params, self.cluster.world_size) in self._cache
-            status.value = "" if cached else f"<i>training {_label(params)} ...</i>"
-            try:
-                show_figure(plot, self.figure(params))
-                message.value = self.result(params)["message"]
-            except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
-                message.value = f"<span style='color:firebrick'>{type(exc).__name__}: {exc}"
-            status.value = ""
-
-        runner = LatestOnly(draw, background)
-        slider.observe(lambda change: runner.submit(change["new"]), names="value")
-        draw(slider.value)  # the first figure before the cell returns
-        box = widgets.VBox([slider, status, plot, message])
-        box.slider, box.plot, box.message, box.runner = slider, plot, message, runner
+        box = slider_panel([slider], self.figure, lambda p: f"training {_label(p)}",
+                           lambda p: self.result(p)["message"], background)
+        box.slider = slider
         return box
 
 

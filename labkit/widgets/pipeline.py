@@ -32,31 +32,16 @@ class PipelineExplorer:
 
     def widget(self, stages: int | None = None, micro_batches: int | None = None,
                background: bool = True):
-        import ipywidgets as widgets
-
         from labkit.widgets.controls import gpu_count_slider, micro_batches_slider
-        from labkit.widgets.render import LatestOnly, show_figure
+        from labkit.widgets.render import slider_panel
 
         stage_slider = gpu_count_slider(self.stage_options, stages)
         stage_slider.description = "stages"
         micro = micro_batches_slider(self.micro_options, micro_batches)
-        plot, status = widgets.Output(), widgets.HTML()
-
-        def draw(setting: tuple[int, int]) -> None:
-            status.value = f"<i>running {setting[0]} stages, {setting[1]} micro-batches ...</i>"
-            try:
-                show_figure(plot, self.figure(*setting))
-                status.value = ""
-            except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
-                status.value = f"<span style='color:firebrick'>{type(exc).__name__}: {exc}"
-
-        runner = LatestOnly(draw, background)
-        for control in (stage_slider, micro):
-            control.observe(lambda change: runner.submit((stage_slider.value, micro.value)),
-                            names="value")
-        draw((stage_slider.value, micro.value))
-        box = widgets.VBox([widgets.HBox([stage_slider, micro]), status, plot])
-        box.stages, box.micro_batches, box.plot, box.runner = stage_slider, micro, plot, runner
+        box = slider_panel([stage_slider, micro], self.figure,
+                           lambda p, m: f"running {p} stages, {m} micro-batches",
+                           background=background)
+        box.stages, box.micro_batches = stage_slider, micro
         return box
 
 

@@ -60,3 +60,38 @@ class LatestOnly:
 
 
 _NOTHING = object()
+
+
+def slider_panel(controls: list, figure_for, describe, message_for=None,
+                 background: bool = True):
+    """Controls over a plot that redraws for their values, the way every explorer works:
+    ``figure_for(*values)`` makes the Figure (running what it needs, off the kernel thread),
+    ``describe(*values)`` says what is running, ``message_for(*values)`` adds a line below.
+    Errors are shown in the panel; the kernel never hangs on a slider."""
+    import html
+
+    import ipywidgets as widgets
+
+    plot, status, message = widgets.Output(), widgets.HTML(), widgets.HTML()
+
+    def draw(values: tuple) -> None:
+        status.value = f"<i>{html.escape(describe(*values))} ...</i>"
+        try:
+            show_figure(plot, figure_for(*values))
+            if message_for is not None:
+                message.value = message_for(*values)
+            status.value = ""
+        except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
+            status.value = (f"<span style='color:firebrick'>{type(exc).__name__}: "
+                            f"{html.escape(str(exc))}</span>")
+
+    def current() -> tuple:
+        return tuple(control.value for control in controls)
+
+    runner = LatestOnly(draw, background)
+    for control in controls:
+        control.observe(lambda change: runner.submit(current()), names="value")
+    draw(current())  # the first figure before the cell returns
+    box = widgets.VBox([widgets.HBox(controls), status, plot, message])
+    box.plot, box.status, box.message, box.runner = plot, status, message, runner
+    return box

@@ -63,31 +63,15 @@ class ScalingExplorer:
 
     def widget(self, params: int | None = None, world_size: int | None = None,
                background: bool = True):
-        import ipywidgets as widgets
-
         from labkit.widgets.controls import gpu_count_slider, model_size_slider
-        from labkit.widgets.render import LatestOnly, show_figure
+        from labkit.widgets.render import slider_panel
 
         gpus = gpu_count_slider(self.world_sizes, world_size)
         size = model_size_slider(self.sizes, params)
-        plot, status = widgets.Output(), widgets.HTML()
-
-        def draw(setting: tuple[int, int]) -> None:
-            params, world_size = setting
-            status.value = f"<i>measuring {world_size} GPU(s), {params / 1e6:.2g}M ...</i>"
-            try:
-                show_figure(plot, self.figure(params, world_size))
-                status.value = ""
-            except Exception as exc:  # noqa: BLE001 - a widget shows its errors, never hangs
-                status.value = f"<span style='color:firebrick'>{type(exc).__name__}: {exc}"
-
-        runner = LatestOnly(draw, background)
-        for control in (gpus, size):
-            control.observe(lambda change: runner.submit((size.value, gpus.value)),
-                            names="value")
-        draw((size.value, gpus.value))
-        box = widgets.VBox([widgets.HBox([gpus, size]), status, plot])
-        box.gpus, box.size, box.plot, box.runner = gpus, size, plot, runner
+        box = slider_panel([gpus, size], lambda n, p: self.figure(p, n),
+                           lambda n, p: f"measuring {n} GPU(s), {p / 1e6:.2g}M parameters",
+                           background=background)
+        box.gpus, box.size = gpus, size
         return box
 
 
