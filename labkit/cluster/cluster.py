@@ -256,8 +256,15 @@ class Cluster:
         return f"raised {type_name}", f"{type_name}: {text}", tb
 
     def _rank_error(self, failures: list) -> RankError | DeviceOOM:
-        # An OOM anywhere is the root cause: the others fail because that rank stopped.
-        failures = sorted(failures, key=lambda f: f[1][0] != "error" or f[1][2] != "DeviceOOM")
+        # The root cause first: an OOM anywhere, then a rank that died (its peers' collectives
+        # fail *because* it died, and their reports can arrive first), then the first error.
+        def cause(failure) -> int:
+            message = failure[1]
+            if message[0] == "error" and message[2] == "DeviceOOM":
+                return 0
+            return 1 if message[0] == "died" else 2
+
+        failures = sorted(failures, key=cause)
         handle, message = failures[0]
         _, text, tb = self._describe(handle, message)
         exitcode = self._procs.exitcode(handle.pid) if message[0] == "died" else None
