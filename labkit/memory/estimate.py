@@ -14,7 +14,6 @@ Toward Training Trillion Parameter Models" (2020), section 3.1 and Figure 1.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -114,11 +113,3 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     return MemoryEstimate(config.strategy, world_size, batch, sum(at_peak.values()),
                           traced["peak_phase"], at_peak, extras=extras)
 
-
-def gigabytes(n_bytes: float) -> float:
-    """Decimal GB, as the ZeRO paper and GPU data sheets count."""
-    return n_bytes / 1e9
-
-
-def relative_error(estimated: float, measured: float) -> float:
-    return math.inf if measured == 0 else abs(estimated - measured) / measured
