@@ -14,7 +14,9 @@ Toward Training Trillion Parameter Models" (2020), section 3.1 and Figure 1.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -69,17 +71,51 @@ class MemoryEstimate:
                 f"rank, peak during {self.peak_phase}; {self.method})<table>{rows}</table>")
 
 
-def _traced_step_peak(config, batch_size: int, steps: int = 2) -> dict:
-    """Peak of ``steps`` single-device steps of ``config`` (a TrainConfig), on fake tensors."""
-    from labkit.models import build_model, example_batch, loss_fn
-    from labkit.train.step import make_optimizer, run_step, weight_dtype
+@contextlib.contextmanager
+def _fake_group(world_size: int):
+    """A process group of ``world_size`` ranks that exists only in this process (PyTorch's
+    "fake" backend: collectives do nothing), so that a sharded engine can be set up and
+    traced as rank 0 of N without starting N processes."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    with FakeTensorMode(), MemoryTracker() as tracker:
-        model = build_model(config.model, "cpu", config.seed, weight_dtype(config.precision))
-        optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    if dist.is_initialized():
+        raise RuntimeError("estimate_memory traces sharded strategies in a process without a "
+                           "process group; call it from the notebook, not from a rank")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _traced_step_peak(config, batch_size: int, world_size: int = 1, steps: int = 2) -> dict:
+    """Peak of ``steps`` steps of ``config`` (a TrainConfig) on rank 0 of ``world_size``, on
+    fake tensors. Sharded strategies build their real engine (FSDP2's ``fully_shard``, ZeRO's
+    optimizer) on a fake process group, so their shards are the ones a run holds."""
+    import torch
+
+    from labkit.models import example_batch, loss_fn
+    from labkit.train.step import run_step
+    from labkit.train.strategy import strategy_for
+
+    strategy = strategy_for(config.strategy)
+    group = _fake_group(world_size) if strategy.sharded else contextlib.nullcontext()
+    with group, FakeTensorMode(), MemoryTracker() as tracker:
+        ctx = SimpleNamespace(rank=0, world_size=world_size, device=torch.device("cpu"),
+                              memory=tracker, estimating=True)
+        model = strategy.build(ctx, config)
+        optimizer = strategy.make_optimizer(model, config)
         tracker.track_external(model, optimizer)
         relabel_live(tracker)
-        for _ in range(steps):  # the second step holds optimizer state from the first
+        if strategy.sharded:
+            # The first DTensor op of each kind fills DTensor's sharding-propagation cache by
+            # running the op on whole-size tensors: meta tensors (not counted) in a real run,
+            # but fake tensors (counted) here. One more step, and the peak of the later ones.
+            steps += 1
+        for step in range(steps):  # the second step holds optimizer state from the first
+            if strategy.sharded and step == 1:
+                tracker.reset_peak()
             run_step(model, example_batch(config.model, batch_size), loss_fn(config.model),
                      optimizer, config.precision, micro_batches=config.micro_batches)
         return tracker.report()
@@ -101,13 +137,13 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     strategy = strategy_for(config.strategy)
     if not strategy.estimable:
         raise ValueError(f"estimate_memory does not know strategy {config.strategy!r} yet "
-                         "(it traces single-device and data-parallel steps)")
+                         "(it traces single-device, data-parallel and sharded data-parallel steps)")
     strategy.check(world_size, config.global_batch, config.micro_batches)
     batch = config.global_batch // world_size if strategy.shards_batch else config.global_batch
-    traced = _traced_step_peak(config, batch)
+    traced = _traced_step_peak(config, batch, world_size)
     at_peak = {c: int(traced["at_peak"][c]) for c in CATEGORIES}
     extras = {}
-    if config.strategy == "ddp":  # DDP allocates its buckets even on one rank
+    if config.strategy in ("ddp", "zero1"):  # DDP allocates its buckets even on one rank
         extras["ddp_buckets"] = _ddp_bucket_bytes(config)
         at_peak["other"] += extras["ddp_buckets"]
     return MemoryEstimate(config.strategy, world_size, batch, sum(at_peak.values()),

@@ -49,7 +49,8 @@ class DLRM(nn.Module):
         dots = stacked @ stacked.transpose(1, 2)  # (batch, n_vectors, n_vectors)
         i, j = torch.triu_indices(len(vectors), len(vectors), offset=1, device=dots.device)
         features = torch.cat([vectors[0], dots[:, i, j]], dim=1)
-        return self.top(features).squeeze(1)  # (batch,) click logits
+        return self.top(features).sum(1)  # (batch,) click logits (a sum over one column: a
+        # new tensor, not a view, as FSDP2 asks of a root output)
 
     @staticmethod
     def loss(logits: torch.Tensor, clicks: torch.Tensor) -> torch.Tensor:

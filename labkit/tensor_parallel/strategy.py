@@ -57,6 +57,7 @@ def group_heads(model: nn.Module, world_size: int) -> None:
 class TensorParallelStrategy(Strategy):
     name = "tp"
     estimable = False  # estimate_memory does not trace DTensor shards yet
+    counts_collectives = True  # DTensor's AllReduces, forward and backward, in every layer
 
     def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:
         if global_batch % micro_batches:  # every rank sees the whole batch

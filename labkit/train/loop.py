@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import torch
+from torch.distributed.tensor import DTensor
 
+from labkit.comm.dispatch import CollectiveMeter
 from labkit.comm.meter import CommMeter
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live
 from labkit.models import loss_fn, make_batch, to_device
 from labkit.train.config import TrainConfig
-from labkit.train.step import make_optimizer, run_step
+from labkit.train.step import run_step
 from labkit.train.strategy import local_slice, strategy_for
 
 
 def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
-    """Communication time not hidden behind computation."""
+    """Communication time not hidden behind computation.
+
+    Without overlap every moment inside a collective is a moment the step waits (on a CPU
+    rank, one core, collectives and compute take turns). With DDP's overlap only the tail
+    of backward, after the last bucket was ready, is waiting; anything issued after backward
+    (ZeRO-1's parameter broadcasts) is waited for in full.
+    """
     if not strategy.overlaps_comm:
-        return meter.busy_s
-    if not meter.intervals:
-        return 0.0
-    # Overlapped (DDP): once the last bucket is ready, backward has no compute left, so the
-    # rest of backward is spent waiting for AllReduce.
-    last_ready = max(start for start, _ in meter.intervals)
-    return min(timing["backward_s"], max(0.0, timing["backward_end"] - last_ready))
+        return min(meter.union_s, timing["step_s"])
+    end = timing["backward_end"]
+    during = [start for start, _ in meter.intervals if start <= end]
+    after = CommMeter(intervals=[(s, e) for s, e in meter.intervals if s > end]).union_s
+    if not during:
+        return min(after, timing["step_s"])
+    # Once the last bucket is ready, backward has no compute left: the rest of backward is
+    # spent waiting for AllReduce.
+    tail = min(timing["backward_s"], max(0.0, end - max(during)))
+    return min(tail + after, timing["step_s"])
 
 
 # Steps 0 and 1 hold the peak of every later step (step 0 creates the optimizer state,
@@ -45,9 +57,10 @@ def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict
     if own is not None:  # a strategy with a step of its own (pipelines)
         ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
         return _own_step_record(own, ctx)
-    timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
-                      lambda: strategy.sync_gradients(ctx, model, meter), synchronize,
-                      config.micro_batches, strategy.no_sync(model))
+    with CollectiveMeter(meter) if strategy.counts_collectives else contextlib.nullcontext():
+        timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
+                          lambda: strategy.sync_gradients(ctx, model, meter), synchronize,
+                          config.micro_batches, strategy.no_sync(model))
     del batch
     exposed = _exposed_comm(strategy, timing, meter)
     ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
@@ -56,7 +69,8 @@ def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict
             "optimizer_s": timing["optimizer_s"], "comm_s": exposed,
             "compute_s": timing["step_s"] - exposed, "comm_busy_s": meter.busy_s,
             "comm_bytes": meter.bytes, "comm_calls": meter.calls,
-            "memory_tracked": ctx.memory._depth > 0}
+            "comm_kinds": {kind: list(v) for kind, v in meter.by_kind.items()},
+            "memory_tracked": ctx.memory._depth > 0, **strategy.step_extras(ctx, model)}
 
 
 def _own_step_record(own: dict, ctx) -> dict:
@@ -67,8 +81,13 @@ def _own_step_record(own: dict, ctx) -> dict:
     return {"loss": own["loss"], "step_s": own["step_s"], "forward_s": spent["F"],
             "backward_s": spent["B"], "optimizer_s": own["optimizer_s"],
             "comm_s": own["waiting_s"], "compute_s": own["step_s"] - own["waiting_s"],
-            "comm_busy_s": own["waiting_s"], "comm_bytes": 0, "comm_calls": 0,
+            "comm_busy_s": own["waiting_s"], "comm_bytes": 0, "comm_calls": 0, "comm_kinds": {},
             "timeline": events, "memory_tracked": ctx.memory._depth > 0}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, gathered from all ranks if it is sharded (a DTensor)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def train_on_rank(ctx, config_dict: dict) -> dict:
@@ -80,7 +99,7 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     with ctx.memory as tracker:
         tracker.reset_peak()
         model = strategy.wrap(ctx, strategy.build(ctx, config), meter, config)
-        optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+        optimizer = strategy.make_optimizer(model, config)
         tracker.track_external(model, optimizer)
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets): "other"
         records = [_one_step(ctx, config, strategy, model, optimizer, meter, step)
@@ -91,5 +110,6 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     out = {"rank": ctx.rank, "records": records, "memory": memory}
     if config.return_weights:
         inner = getattr(model, "module", model)  # DDP wraps the model
-        out["weights"] = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+        out["weights"] = {k: _full(v).detach().cpu().clone()
+                          for k, v in inner.state_dict().items()}
     return out

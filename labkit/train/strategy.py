@@ -20,6 +20,8 @@ class Strategy:
     shards_batch = False  # data-parallel strategies train on a slice of the global batch
     overlaps_comm = False  # communication runs inside backward (DDP) rather than after it
     estimable = True  # estimate_memory knows this strategy
+    counts_collectives = False  # the loop records every collective of a step (comm/dispatch.py)
+    sharded = False  # model state split over ranks: estimate_memory traces it on a fake group
 
     def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:
         """Raise ValueError, before any process starts, if this cannot run as asked."""
@@ -42,6 +44,11 @@ class Strategy:
     def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
         return model
 
+    def make_optimizer(self, model: nn.Module, config):
+        from labkit.train.step import make_optimizer
+
+        return make_optimizer(config.optimizer, model.parameters(), config.lr)
+
     def step(self, ctx, model, batch, optimizer, config, synchronize) -> dict | None:
         """A whole training step of the strategy's own, or None for the shared one."""
         return None
@@ -52,6 +59,10 @@ class Strategy:
     def no_sync(self, model: nn.Module):
         """A context that skips gradient communication (accumulating micro-batches), or None."""
         return None
+
+    def step_extras(self, ctx, model: nn.Module) -> dict:
+        """Measurements of the last step that only this strategy knows (added to its record)."""
+        return {}
 
 
 class DataParallelBase(Strategy):
@@ -64,21 +75,33 @@ class DataParallelBase(Strategy):
                              f"multiple of {world_size * micro_batches}")
 
 
-STRATEGIES = ("single", "naive_dp", "ddp", "naive_pipeline", "gpipe", "1f1b", "tp")
+# name -> (module, class, arguments): imported on first use, so that each parallelism's
+# package loads only when it is asked for.
+_REGISTRY = {
+    "single": ("labkit.train.strategy", "Strategy", ()),
+    "naive_dp": ("labkit.data_parallel", "NaiveDataParallel", ()),
+    "ddp": ("labkit.data_parallel", "DDPStrategy", ()),
+    "zero1": ("labkit.sharded_data_parallel", "Zero1Strategy", ()),
+    "fsdp": ("labkit.sharded_data_parallel", "FSDPStrategy", ()),
+    "naive_pipeline": ("labkit.pipeline_parallel.strategy", "PipelineStrategy",
+                       ("naive_pipeline",)),
+    "gpipe": ("labkit.pipeline_parallel.strategy", "PipelineStrategy", ("gpipe",)),
+    "1f1b": ("labkit.pipeline_parallel.strategy", "PipelineStrategy", ("1f1b",)),
+    "tp": ("labkit.tensor_parallel.strategy", "TensorParallelStrategy", ()),
+    "table_wise": ("labkit.embedding_parallel", "TableWiseStrategy", ()),
+    "row_wise": ("labkit.embedding_parallel", "RowWiseStrategy", ()),
+    "row_wise_dtensor": ("labkit.embedding_parallel", "RowWiseStrategy", ("dtensor",)),
+}
+STRATEGIES = tuple(_REGISTRY)
 
 
 def strategy_for(name: str) -> Strategy:
-    from labkit.data_parallel import DDPStrategy, NaiveDataParallel
-    from labkit.pipeline_parallel.strategy import PipelineStrategy
-    from labkit.tensor_parallel.strategy import TensorParallelStrategy
+    import importlib
 
-    strategies = {"single": Strategy, "naive_dp": NaiveDataParallel, "ddp": DDPStrategy,
-                  "naive_pipeline": lambda: PipelineStrategy("naive_pipeline"),
-                  "gpipe": lambda: PipelineStrategy("gpipe"),
-                  "1f1b": lambda: PipelineStrategy("1f1b"), "tp": TensorParallelStrategy}
-    if name not in STRATEGIES:
+    if name not in _REGISTRY:
         raise ValueError(f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}")
-    return strategies[name]()
+    module, cls, args = _REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)(*args)
 
 
 def local_slice(global_batch_value, rank: int, world_size: int):
