@@ -101,7 +101,7 @@ def _traced_step_peak(config, batch_size: int, world_size: int = 1, steps: int =
 
     strategy = strategy_for(config.strategy)
     group = _fake_group(world_size) if strategy.sharded else contextlib.nullcontext()
-    with group, FakeTensorMode(), MemoryTracker() as tracker:
+    with group, FakeTensorMode(), MemoryTracker(count_fake=True) as tracker:
         ctx = SimpleNamespace(rank=0, world_size=world_size, device=torch.device("cpu"),
                               memory=tracker, estimating=True)
         model = strategy.build(ctx, config)

@@ -26,6 +26,7 @@ from functools import partial
 
 import torch
 from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools import mem_tracker as upstream
 from torch.distributed.tensor import DTensor
 from torch.nn.modules import module as nn_module
@@ -86,8 +87,10 @@ class MemoryTracker(upstream.MemTracker):
     It may be entered many times: storages created under it stay counted until freed.
     """
 
-    def __init__(self, rank: int = 0, capacity_bytes: int | None = None):
+    def __init__(self, rank: int = 0, capacity_bytes: int | None = None,
+                 count_fake: bool = False):
         super().__init__()
+        self.count_fake = count_fake  # the estimator counts fake tensors: they stand for real
         self._mod_tracker = _Phases()
         self.rank = rank
         self.capacity_bytes = capacity_bytes
@@ -138,6 +141,10 @@ class MemoryTracker(upstream.MemTracker):
     def _track(self, reftype, t) -> None:
         if t.device.type == "meta":
             return  # shapes only: no memory anywhere
+        if not self.count_fake and isinstance(t, FakeTensor):
+            # DTensor works out an op's output shape the first time it meets it by running
+            # the op on fake tensors: nothing is allocated on the device.
+            return
         super()._track(self._forced or reftype, t)
 
     # ----- the counts: MemTracker's, kept per category too, with the capacity check -----

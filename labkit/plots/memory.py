@@ -22,7 +22,8 @@ def _scale(max_bytes: float) -> tuple[float, str]:
 def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
                      title: str = "memory per device", capacity_label: str = "") -> Figure:
     """Stacked bars of bytes by category. Each bar: {"label", "breakdown": {category: bytes},
-    "oom": bool (drawn hatched, with the allocation that failed on top), "requested": bytes}."""
+    "oom": bool (drawn hatched, with the allocation that failed on top), "requested": bytes,
+    "estimate": bytes (drawn as a black tick: what the estimator predicted)}."""
     fig = Figure(figsize=(max(5.5, 1.4 * len(bars) + 3.5), 3.8), layout="constrained")
     ax = fig.subplots()
     tops = [sum(b["breakdown"].get(c, 0) for c in CATEGORIES) + b.get("requested", 0)
@@ -38,6 +39,10 @@ def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
     if requested.any():
         ax.bar(x, requested, 0.6, bottom=bottom, color="white", edgecolor="black",
                hatch="//", label="allocation that failed")
+    estimates = [(xi, b["estimate"]) for xi, b in zip(x, bars, strict=True) if "estimate" in b]
+    if estimates:
+        ax.scatter([xi for xi, _ in estimates], [e / scale for _, e in estimates], marker="_",
+                   s=900, linewidths=2.5, color="black", zorder=3, label="estimated peak")
     if capacity_bytes:
         label = capacity_label or f"capacity {format_bytes(capacity_bytes)}"
         ax.axhline(capacity_bytes / scale, color="black", linestyle="--", linewidth=1.5,
@@ -54,11 +59,14 @@ def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
     return fig
 
 
-def plot_boundary(boundary) -> Figure:
+def plot_boundary(boundary, ax=None) -> Figure:
     """Measured fits/OOM per (world size, model size) cell; the predicted boundary drawn over."""
     sizes, worlds = boundary.sizes, boundary.world_sizes
-    fig = Figure(figsize=(1.6 * len(worlds) + 3, 0.55 * len(sizes) + 2), layout="constrained")
-    ax = fig.subplots()
+    if ax is None:
+        fig = Figure(figsize=(1.6 * len(worlds) + 3, 0.55 * len(sizes) + 2),
+                     layout="constrained")
+        ax = fig.subplots()
+    fig = ax.figure
     for i, world in enumerate(worlds):
         for j, params in enumerate(sizes):
             cell = boundary.cell(params, world)
@@ -81,7 +89,8 @@ def plot_boundary(boundary) -> Figure:
            title=f"{boundary.model}, {boundary.strategy}, capacity "
                  f"{format_bytes(boundary.capacity_bytes)}: green fits, red OOM (measured)")
     ax.title.set_fontsize(9)
-    fig.legend(fontsize=7, loc="outside lower center")
+    if not fig.legends:
+        fig.legend(fontsize=7, loc="outside lower center")
     return fig
 
 

@@ -7,7 +7,13 @@ parameters, gradients and optimizer state and gathers each layer's parameters ju
 runs (``fsdp.py``, PyTorch's ``fully_shard``).
 """
 
+from labkit.sharded_data_parallel.compare import (
+    ShardingComparison,
+    ShardingRow,
+    compare_sharding,
+)
 from labkit.sharded_data_parallel.fsdp import FSDPStrategy, shard_units
 from labkit.sharded_data_parallel.zero import Zero1Strategy, zero1_partition
 
-__all__ = ["FSDPStrategy", "Zero1Strategy", "shard_units", "zero1_partition"]
+__all__ = ["FSDPStrategy", "ShardingComparison", "ShardingRow", "Zero1Strategy",
+           "compare_sharding", "shard_units", "zero1_partition"]

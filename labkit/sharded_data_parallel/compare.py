@@ -1,0 +1,91 @@
+"""DDP vs ZeRO-1 vs FSDP on the same model as the device count grows: measured memory per
+rank beside the estimate, and what each pays in communication."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from labkit.memory.oom import CATEGORIES
+
+
+@dataclass
+class ShardingRow:
+    """One measured run: a strategy on ``world_size`` ranks."""
+
+    strategy: str
+    world_size: int
+    peak_bytes: int  # the highest rank's measured peak
+    at_peak: dict[str, int]  # that rank's bytes by category at its peak
+    estimated_bytes: int
+    comm_kinds: dict[str, list[int]]  # kind -> [calls, bytes] per step
+    comm_bytes: int
+    step_s: float
+    comm_s: float  # exposed communication in the median step
+    comm_busy_s: float
+    oversubscribed: bool
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def estimate_error(self) -> float:
+        return abs(self.estimated_bytes - self.peak_bytes) / self.peak_bytes
+
+
+@dataclass
+class ShardingComparison:
+    model: str
+    params: int
+    global_batch: int
+    rows: list[ShardingRow] = field(default_factory=list)
+
+    @property
+    def strategies(self) -> list[str]:
+        return list(dict.fromkeys(r.strategy for r in self.rows))
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({r.world_size for r in self.rows})
+
+    def row(self, strategy: str, world_size: int) -> ShardingRow:
+        return next(r for r in self.rows
+                    if r.strategy == strategy and r.world_size == world_size)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _row(report) -> ShardingRow:
+    highest = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])
+    split = report.split()
+    last = report.ranks[0]["records"][-1]
+    return ShardingRow(report.config.strategy, report.world_size,
+                       highest["memory"]["peak_bytes"],
+                       {c: highest["memory"]["at_peak"][c] for c in CATEGORIES},
+                       report.estimate["peak_bytes"], last["comm_kinds"], last["comm_bytes"],
+                       split["step_s"], split["comm_s"], split["comm_busy_s"],
+                       report.oversubscribed, report.losses)
+
+
+def compare_sharding(cluster, config, strategies=("ddp", "zero1", "fsdp"),
+                     world_sizes=(1, 2, 4)) -> ShardingComparison:
+    """Train ``config`` (a TrainConfig) with every strategy on every world size (the cluster
+    is resized as needed, and put back), measuring memory, traffic and time."""
+    from labkit.models import count_parameters
+    from labkit.train.api import train
+    from labkit.train.strategy import strategy_for
+
+    for name in strategies:  # every cell is checked before any runs
+        for world_size in world_sizes:
+            strategy_for(name).check(world_size, config.global_batch, config.micro_batches)
+    result = ShardingComparison(config.model.name, count_parameters(config.model),
+                                config.global_batch)
+    original = cluster.world_size
+    try:
+        for world_size in sorted(world_sizes):
+            if cluster.world_size != world_size:
+                cluster.resize(world_size)
+            for name in strategies:
+                result.rows.append(_row(train(cluster, config.replace(strategy=name))))
+    finally:
+        if cluster.world_size != original:
+            cluster.resize(original)
+    return result
