@@ -62,6 +62,16 @@ def boundary_figure(cluster, out: Path, smoke: bool) -> Path:
                  "OOM boundary, every cell trained", cluster)
 
 
+def sharding_figure(cluster, out: Path, smoke: bool) -> Path:
+    # An MLP with Adam: model state, not activations, fills the device, as in notebook 05.
+    sizes, worlds = ((2e5, 6e5), (1, 2)) if smoke else ((2e5, 6e5, 1e6, 1.5e6), (1, 2, 4))
+    maps = [labkit.sweep_boundary(cluster, "mlp", sizes, worlds, strategy=strategy,
+                                  memory_per_device="12MiB", global_batch=32)
+            for strategy in ("ddp", "zero1", "fsdp")]
+    return _save(labkit.plots.plot_boundaries(maps), out / "sharding.png",
+                 "OOM boundary per strategy, every cell trained", cluster)
+
+
 def speedup_figure(cluster, out: Path, smoke: bool) -> Path:
     params, worlds, batch = (2e5, (1, 2), 32) if smoke else (4e6, (1, 2, 4), 512)
     result = labkit.scaling_sweep(cluster, "mlp", params, worlds, global_batch=batch,
@@ -81,7 +91,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args.out.mkdir(parents=True, exist_ok=True)
     paths = []
     with labkit.Cluster(2, progress=False) as cluster:
-        for make in (all_reduce_figure, memory_figure, boundary_figure, speedup_figure):
+        for make in (all_reduce_figure, memory_figure, boundary_figure, sharding_figure,
+                     speedup_figure):
             if make is memory_figure:
                 cluster.resize(1)  # one device: the wall itself (the sweeps resize as they go)
             paths.append(make(cluster, args.out, args.smoke))

@@ -70,3 +70,15 @@ def test_more_ranks_than_gpus_share_them_when_capped():
 
         results = c.run(total)
         assert results == [float(ranks)] * ranks and results.shared_gpus
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_sharded_strategies_on_nccl_equal_ddp():
+    with labkit.Cluster(2, device="cuda", progress=False) as cluster:
+        runs = {s: labkit.train(cluster, model="mlp", strategy=s, global_batch=32, steps=3)
+                for s in ("ddp", "zero1", "fsdp")}
+    for strategy in ("zero1", "fsdp"):
+        assert runs[strategy].losses == pytest.approx(runs["ddp"].losses, abs=1e-5)
+        assert runs[strategy].ranks[0]["records"][-1]["comm_bytes"] > 0
+    assert max(runs["fsdp"].peak_bytes) < max(runs["ddp"].peak_bytes)

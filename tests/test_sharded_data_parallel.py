@@ -127,3 +127,31 @@ def test_fsdp_trains_a_model_that_ddp_cannot_fit(two):
     report = labkit.train(two, config.replace(strategy="fsdp"), memory_per_device=capacity)
     assert max(report.peak_bytes) <= capacity
     assert torch.isfinite(torch.tensor(report.losses)).all()
+
+
+def test_comparison_plots_and_explorer_reuse_measured_runs(two):
+    from matplotlib.figure import Figure
+
+    config = TrainConfig(model=MLPConfig(), global_batch=16, steps=2)
+    comparison = labkit.compare_sharding(two, config, world_sizes=(1, 2))
+    assert two.world_size == 2  # put back after resizing
+    assert [(r.strategy, r.world_size) for r in comparison.rows] == [
+        (s, n) for n in (1, 2) for s in ("ddp", "zero1", "fsdp")]
+    assert all(gap < 1e-5 for gap in comparison.loss_gaps(2).values())
+    for fig in (labkit.plots.plot_sharded_memory(comparison, 4_000_000),
+                labkit.plots.plot_comm_price(comparison),
+                labkit.plots.plot_zero_stages(7.5e9, 64)):
+        assert isinstance(fig, Figure)
+    explorer = labkit.widgets.ShardingExplorer(two, config, (1, 2), measured=comparison)
+    box = explorer.widget(2, background=False)
+    box.gpus.value = 1  # cached: drawn from the runs above, nothing trained
+    assert box.status.value == "" and len(box.plot.outputs) == 1
+    assert explorer.comparison(1).rows == comparison.rows[:3]
+    assert "fsdp" in box.message.value
+
+
+def test_bad_comparisons_are_refused_before_any_run(two):
+    config = TrainConfig(model=MLPConfig(), global_batch=6, steps=2)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        labkit.compare_sharding(two, config, world_sizes=(1, 4))
+    assert two.world_size == 2

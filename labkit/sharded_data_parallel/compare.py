@@ -49,6 +49,13 @@ class ShardingComparison:
         return next(r for r in self.rows
                     if r.strategy == strategy and r.world_size == world_size)
 
+    def loss_gaps(self, world_size: int, reference: str = "ddp") -> dict[str, float]:
+        """Largest per-step loss difference of each strategy from ``reference``: sharding
+        changes where the state lives, not the training."""
+        want = self.row(reference, world_size).losses
+        return {r.strategy: max(abs(a - b) for a, b in zip(r.losses, want, strict=True))
+                for r in self.rows if r.world_size == world_size and r.strategy != reference}
+
     def to_dict(self) -> dict:
         return asdict(self)
 

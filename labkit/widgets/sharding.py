@@ -14,11 +14,18 @@ class ShardingExplorer:
     """Measured rows per (strategy, world size), trained on first use."""
 
     def __init__(self, cluster, config, world_sizes=(1, 2, 4),
-                 strategies=("ddp", "zero1", "fsdp"), capacity_bytes: int | None = None):
+                 strategies=("ddp", "zero1", "fsdp"), capacity_bytes: int | None = None,
+                 measured: ShardingComparison | None = None):
         self.cluster, self.config = cluster, config
         self.world_sizes, self.strategies = sorted(world_sizes), tuple(strategies)
         self.capacity_bytes = capacity_bytes
         self._measured: dict[int, ShardingComparison] = {}
+        for n in measured.world_sizes if measured is not None else ():
+            # runs already made (compare_sharding in an earlier cell) are not repeated
+            rows = [r for r in measured.rows if r.world_size == n and r.strategy in strategies]
+            if {r.strategy for r in rows} == set(strategies):
+                self._measured[n] = ShardingComparison(measured.model, measured.params,
+                                                       measured.global_batch, rows)
 
     def comparison(self, world_size: int) -> ShardingComparison:
         if world_size not in self._measured:
@@ -51,7 +58,8 @@ class ShardingExplorer:
 def sharding_explorer(cluster, config, world_sizes=(1, 2, 4), world_size: int | None = None,
                       interactive: bool = True, **options):
     """A GPU-count slider over DDP / ZeRO-1 / FSDP runs of ``config``; headless, the Figure
-    for ``world_size`` (default: the largest)."""
+    for ``world_size`` (default: the largest). ``measured=`` a ShardingComparison of the same
+    config reuses its runs."""
     explorer = ShardingExplorer(cluster, config, world_sizes, **options)
     world = world_size or explorer.world_sizes[-1]
     return explorer.widget(world) if interactive else explorer.figure(world)
