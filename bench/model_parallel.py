@@ -5,7 +5,8 @@ against a plain torch.distributed.pipelining loop on the same ranks.
     python bench/model_parallel.py --quick  # about a minute
 
 All on 2 CPU ranks (one core each) with a compute-dominated MLP; runs interleaved in one
-invocation. The last line printed is one JSON object of the figures.
+invocation. Interleaved 1F1B (two stages per rank, 8 layers) is measured beside 1F1B on the
+same model at m = 4 and 8. The last line printed is one JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -51,6 +52,24 @@ def _plain_gpipe(ctx, micro_batches: int, steps: int) -> list[float]:
     return times
 
 
+def _interleaved(steps: int) -> dict:
+    """1F1B vs interleaved 1F1B (v = 2 stages per rank) on an 8-layer MLP: bubble measured
+    and by formula, and step time."""
+    config = labkit.TrainConfig(model=MLPConfig(d_in=512, d_hidden=1024, n_layers=8),
+                                global_batch=2 * BATCH, steps=steps, optimizer="sgd")
+    out = {}
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        for m in (4, 8):
+            for schedule, virtual in (("1f1b", 1), ("interleaved_1f1b", 2)):
+                report = labkit.train(cluster, config, strategy=schedule, micro_batches=m)
+                out[f"{schedule}_m{m}_bubble"] = round(statistics.median(
+                    bubble_fraction([r["records"][s]["timeline"] for r in report.ranks])
+                    for s in range(1, steps)), 3)
+                out[f"{schedule}_m{m}_theory"] = round(theoretical_bubble(2, m, virtual), 3)
+                out[f"{schedule}_m{m}_step_ms"] = round(report.median_step_s * 1e3, 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -79,6 +98,10 @@ def main() -> None:
         figures[f"bubble_m{m}"] = round(measured, 3)
         figures[f"theory_m{m}"] = round(theory, 3)
         print(f"{m:>3} {measured:16.3f} {theory:14.3f}")
+    interleaved = _interleaved(steps)
+    figures.update(interleaved)
+    for key, value in interleaved.items():
+        print(f"{key}: {value}")
     ratio = statistics.median(ours) / statistics.median(plain)
     figures["labkit_over_plain_gpipe"] = round(ratio, 3)
     print(f"labkit GPipe step / plain torch.distributed.pipelining step (m=4): {ratio:.3f} "

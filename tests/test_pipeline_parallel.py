@@ -34,13 +34,26 @@ def test_stages_cover_the_model_in_order(config, stages):
 @pytest.mark.parametrize("model", [MLPConfig(n_layers=4), GPTConfig(n_layers=2)],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("schedule, micro_batches", [("naive_pipeline", 1), ("gpipe", 4),
-                                                     ("1f1b", 4)])
+                                                     ("1f1b", 4), ("interleaved_1f1b", 4)])
 def test_pipeline_training_equals_one_device(one, two, model, schedule, micro_batches):
     config = labkit.TrainConfig(model=model, global_batch=16, steps=3, lr=0.05,
                                 optimizer="sgd")
     reference = labkit.train(one, config, estimate=False)
     report = labkit.train(two, config, strategy=schedule, micro_batches=micro_batches)
     assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+
+
+def test_interleaved_1f1b_runs_two_stages_per_rank(two):
+    config = labkit.TrainConfig(model=MLPConfig(n_layers=4), global_batch=16, steps=2,
+                                optimizer="sgd")
+    report = labkit.train(two, config, strategy="interleaved_1f1b", micro_batches=4)
+    for rank, record in enumerate(r["records"][-1] for r in report.ranks):
+        timeline = record["timeline"]
+        assert sorted((e["stage"], e["kind"], e["microbatch"]) for e in timeline) == sorted(
+            (stage, kind, m) for stage in (rank, rank + 2) for kind in "FB" for m in range(4))
+    assert theoretical_bubble(2, 4, virtual=2) < theoretical_bubble(2, 4)
+    with pytest.raises(ValueError, match="multiple of 2 micro-batches"):
+        labkit.train(two, config, strategy="interleaved_1f1b", micro_batches=1)
 
 
 def test_four_stages_and_their_timeline(one):

@@ -1,5 +1,8 @@
 """Pipeline parallelism as training strategies: "naive_pipeline" (hand-written, one batch at
-a time), "gpipe" and "1f1b" (torch.distributed.pipelining's schedules over micro-batches).
+a time), "gpipe", "1f1b" and "interleaved_1f1b" (torch.distributed.pipelining's schedules over
+micro-batches). Interleaved 1F1B (Narayanan et al., 2021) gives each rank two stages that are
+not neighbours (rank r holds stages r and r + N of 2N): with smaller stages the pipeline
+fills sooner, and the bubble shrinks to (p-1)/(v m + p-1) for v stages per rank.
 
 Each rank builds only its own stage on the device: the host assembles the model and the
 device receives its slice, so a model too big for one device can train on several.
@@ -29,6 +32,7 @@ class PipelineStrategy(Strategy):
 
     def __init__(self, schedule: str):
         self.name = schedule
+        self.virtual = 2 if schedule == "interleaved_1f1b" else 1  # stages per rank
         self.schedule = None
         self.events: list[dict] = []
 
@@ -42,6 +46,10 @@ class PipelineStrategy(Strategy):
         if self.name == "1f1b" and micro_batches < world_size:
             raise ValueError(f"1F1B needs at least as many micro-batches as stages "
                              f"({world_size}); got {micro_batches}")
+        if self.virtual > 1 and (micro_batches < world_size or micro_batches % world_size):
+            raise ValueError(f"interleaved 1F1B sends micro-batches round the {world_size} "
+                             f"ranks in rounds: use a multiple of {world_size} micro-batches, "
+                             f"not {micro_batches}")
 
     def check_model(self, model_config) -> None:
         if model_config.name not in ("mlp", "gpt"):
@@ -52,19 +60,35 @@ class PipelineStrategy(Strategy):
     def build(self, ctx, config) -> nn.Module:
         with on_host():  # the host assembles the model; only this stage goes to the device
             full = build_model(config.model, "cpu", config.seed, weight_dtype(config.precision))
-            stage = split_stages(full, ctx.world_size)[ctx.rank]
+            stages = split_stages(full, self.virtual * ctx.world_size)
+            mine = [stages[ctx.rank + v * ctx.world_size] for v in range(self.virtual)]
+            stage = mine[0] if self.virtual == 1 else nn.ModuleList(mine)
             values = {k: v.clone() for k, v in stage.state_dict().items()}
         stage.to_empty(device=ctx.device)  # fresh device memory (counted on a virtual GPU)
         stage.load_state_dict(values)
         return stage
 
     def wrap(self, ctx, model: nn.Module, meter, config) -> nn.Module:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
 
         lossf = loss_fn(config.model)
         if self.name == "naive_pipeline":
             self.schedule = NaivePipeline(model, ctx.rank, ctx.world_size, ctx.device, lossf,
                                           self.events)
+            return model
+        if self.virtual > 1:
+            total = self.virtual * ctx.world_size
+            stages = [PipelineStage(module, ctx.rank + v * ctx.world_size, total, ctx.device)
+                      for v, module in enumerate(model)]
+            for stage in stages:
+                instrument_stage(stage, self.events)
+            self.schedule = ScheduleInterleaved1F1B(stages, config.micro_batches,
+                                                    loss_fn=lossf)
             return model
         stage = PipelineStage(model, ctx.rank, ctx.world_size, ctx.device)
         instrument_stage(stage, self.events)

@@ -9,8 +9,10 @@ import time
 clock = time.time
 
 
-def record(events: list, kind: str, microbatch: int, start: float, end: float) -> None:
-    events.append({"kind": kind, "microbatch": microbatch, "start": start, "end": end})
+def record(events: list, kind: str, microbatch: int, start: float, end: float,
+           stage: int | None = None) -> None:
+    events.append({"kind": kind, "microbatch": microbatch, "start": start, "end": end,
+                   "stage": stage})
 
 
 def instrument_stage(stage, events: list) -> None:
@@ -25,7 +27,7 @@ def instrument_stage(stage, events: list) -> None:
             try:
                 return _original(chunk_id, *args, **kwargs)
             finally:
-                record(events, _kind, chunk_id, start, clock())
+                record(events, _kind, chunk_id, start, clock(), stage.stage_index)
 
         setattr(stage, name, timed)
 
@@ -38,6 +40,8 @@ def bubble_fraction(timelines: list[list[dict]]) -> float:
     return 1 - sum(busy) / len(busy) / span
 
 
-def theoretical_bubble(stages: int, microbatches: int) -> float:
-    """(p - 1) / (m + p - 1): GPipe's idle share with equal stages (Huang et al., 2019)."""
-    return (stages - 1) / (microbatches + stages - 1)
+def theoretical_bubble(stages: int, microbatches: int, virtual: int = 1) -> float:
+    """(p - 1) / (m + p - 1): GPipe's idle share with equal stages (Huang et al., 2019), for
+    p devices and m micro-batches. With v stages per device (interleaved 1F1B, Narayanan et
+    al., 2021) the fill and drain shrink v-fold: (p - 1) / (v m + p - 1)."""
+    return (stages - 1) / (virtual * microbatches + stages - 1)

@@ -87,6 +87,8 @@ _REGISTRY = {
                        ("naive_pipeline",)),
     "gpipe": ("labkit.pipeline_parallel.strategy", "PipelineStrategy", ("gpipe",)),
     "1f1b": ("labkit.pipeline_parallel.strategy", "PipelineStrategy", ("1f1b",)),
+    "interleaved_1f1b": ("labkit.pipeline_parallel.strategy", "PipelineStrategy",
+                         ("interleaved_1f1b",)),
     "tp": ("labkit.tensor_parallel.strategy", "TensorParallelStrategy", ()),
     "table_wise": ("labkit.embedding_parallel", "TableWiseStrategy", ()),
     "row_wise": ("labkit.embedding_parallel", "RowWiseStrategy", ()),
