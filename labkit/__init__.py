@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
            "MemoryEstimate", "OversubscriptionWarning", "RankContext", "RankError",
            "RunResults", "RunTimeout", "ScalingResult", "ShardingComparison", "TrainConfig",
-           "TrainReport", "compare_sharding", "data_parallel", "estimate_memory", "format_bytes", "model_state_bytes", "models",
-           "parse_bytes", "plots", "record_results", "ring_all_reduce_seconds",
-           "scaling_sweep", "sweep_boundary", "time_all_reduce", "train", "widgets"]
+           "TrainReport", "compare_sharding", "data_parallel", "estimate_memory",
+           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
+           "record_results", "ring_all_reduce_seconds", "scaling_sweep", "sweep_boundary",
+           "time_all_reduce", "train", "widgets"]
