@@ -56,6 +56,81 @@ def check_03(results: dict) -> None:
     assert results["activations"]["1f1b"] < results["activations"]["gpipe"]
 
 
+def check_04(results: dict) -> None:
+    assert results["split_errors"] == {"column": 0.0, "row": 0.0}
+    assert results["single_oom"], "the model was meant not to fit one device"
+    assert max(results["tp_peaks"]) <= results["capacity"]  # but it fits split
+    losses = results["losses"]
+    assert all(abs(a - b) < 1e-4 * abs(b) for a, b in zip(losses["tp"], losses["reference"],
+                                                           strict=True))
+    n, params = results["world_size"], results["parameters"]
+    assert all(p < 1.1 * params["reference"] / n for p in params["tp"])  # about 1/N each
+    pairs = results["n_layers"] // 2  # forward: one AllReduce per pair; backward: all but 1st
+    rows = results["per_layer"]
+    assert sum(r["calls"] for r in rows if r["phase"] == "forward") == pairs
+    assert sum(r["calls"] for r in rows if r["phase"] == "backward") == pairs - 1
+    assert all(r["bytes"] == 4 * r["shape"][0] * r["shape"][1] for r in rows)
+    assert results["step_comm"] == {"all_reduce": [2 * pairs - 1, sum(r["bytes"] for r in rows)]}
+    tp = [r for r in results["versus"] if r["strategy"] == "tp"]
+    ddp = [r for r in results["versus"] if r["strategy"] == "ddp"]
+    assert all(r["bytes"] * tp[0]["batch"] == tp[0]["bytes"] * r["batch"] for r in tp)
+    assert len({r["bytes"] for r in ddp}) == 1
+    assert tp[0]["bytes"] < ddp[0]["bytes"] and tp[-1]["bytes"] > ddp[-1]["bytes"]
+    assert tp[0]["batch"] < results["crossover"] < tp[-1]["batch"]
+
+
+def check_05(results: dict) -> None:
+    rows = {(r["strategy"], r["world_size"]): r for r in results["rows"]}
+    assert all(r["estimate_error"] < 0.10 for r in rows.values())  # estimator within 10%
+    n = max(results["world_sizes"])
+    peak = {s: rows[s, n]["peak_bytes"] for s in ("ddp", "zero1", "fsdp")}
+    assert peak["fsdp"] < peak["zero1"] < peak["ddp"]
+    assert peak["ddp"] > 0.95 * rows["ddp", 1]["peak_bytes"]  # DDP: a full copy per rank
+    assert all(gap < 1e-4 for gap in results["loss_gaps"].values())
+    kinds = {s: rows[s, n]["comm_kinds"] for s in ("ddp", "zero1", "fsdp")}
+    gradients = kinds["ddp"]["all_reduce"][1]
+    assert kinds["fsdp"]["reduce_scatter"][1] == gradients
+    assert kinds["zero1"]["broadcast"][1] >= gradients
+    fit = results["largest_fitting"]
+    assert (fit["fsdp"] or 0) >= (fit["zero1"] or 0) >= (fit["ddp"] or 0)
+    assert (fit["fsdp"] or 0) > (fit["ddp"] or 0), "the boundary was meant to move"
+    assert all(a >= 0.8 for a in results["agreement"].values())
+
+
+def check_06(results: dict) -> None:
+    n, capacity, parts = results["world_size"], results["capacity"], results["parts"]
+    assert parts["table_weights"] > 10 * parts["dense_weights"]  # tables are the model
+    for name in ("single_oom", "ddp_oom"):  # one device, and DDP's full copies, do not fit
+        oom = results[name]
+        assert oom is not None, f"{name}: the tables were meant not to fit one device"
+        state = sum(oom["breakdown"][c] for c in ("parameters", "gradients", "optimizer"))
+        assert state > oom["breakdown"]["activations"]
+    plan = results["plan"]
+    assert sorted(t for ts in plan["tables_per_rank"] for t in ts) + plan["row_wise"] == sorted(
+        range(len(plan["table_bytes"])))
+    assert plan["fits"] and max(plan["total_bytes"]) <= capacity
+    for name in ("table_wise", "row_wise"):
+        assert max(results["peaks"][name]) <= capacity  # sharded, the same tables fit
+        tables = [rank["tables"] for rank in results["memory"][name]]
+        assert abs(sum(tables) - parts["table_training"]) < 0.01 * parts["table_training"]
+        assert max(tables) < 1.3 * parts["table_training"] / n  # about 1/N per rank
+        before, after = results["auc"][name]
+        assert after[-1] > before + 0.05  # it learns, on samples it never saw
+        losses = results["losses"][name]
+        assert losses[-1] < losses[0]
+    assert all(abs(a - b) < 1e-5 for a, b in zip(results["losses"]["table_wise"],
+                                                  results["losses"]["row_wise"], strict=True))
+    assert "all_to_all" in results["comm"]["table_wise"]
+    assert "reduce_scatter" in results["comm"]["row_wise"]
+    for name, run in results["speed"].items():
+        assert run["samples_per_s"] > 0, name
+        if run["split"] is not None:
+            split = run["split"]
+            assert min(split["lookup_s"], split["comm_s"], split["dense_s"]) >= 0
+            assert abs(split["lookup_s"] + split["comm_s"] + split["dense_s"]
+                       - split["step_s"]) < 1e-9
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -68,4 +143,16 @@ NOTEBOOKS = {
                               "memory_per_device": "8MiB", "micro_batches": 4,
                               "stage_options": [2], "micro_options": [1, 4], "steps": 2,
                               "interactive": False}, check_03),
+    "04_tensor_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 64,
+                            "memory_per_device": "8MiB", "world_size": 2, "steps": 3,
+                            "degree_options": [1, 2], "batches": [32, 256, 1024],
+                            "interactive": False}, check_04),
+    "05_sharded_data_parallel": ({"d_hidden": 512, "n_layers": 6, "global_batch": 32,
+                                  "steps": 3, "world_sizes": [1, 2],
+                                  "boundary_sizes": [2e5, 6e5, 1.5e6], "interactive": False},
+                                 check_05),
+    "06_recommender_at_scale": ({"world_size": 2, "rows_per_table": 4000,
+                                 "memory_per_device": "6MiB", "global_batch": 256, "steps": 20,
+                                 "epoch_samples": 100_000, "rows_options": [2000, 4000],
+                                 "gpu_options": [1, 2], "interactive": False}, check_06),
 }

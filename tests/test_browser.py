@@ -40,7 +40,10 @@ pytestmark = pytest.mark.skipif(
 # the model size starts smallest, the GPU count largest)
 SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
            "02_data_parallel": ("GPUs", "ArrowLeft"),
-           "03_pipeline_parallel": ("micro-batches", "ArrowLeft")}
+           "03_pipeline_parallel": ("micro-batches", "ArrowLeft"),
+           "04_tensor_parallel": ("TP degree", "ArrowLeft"),
+           "05_sharded_data_parallel": ("GPUs", "ArrowLeft"),
+           "06_recommender_at_scale": ("table size", "ArrowRight")}
 RUN_ALL_TIMEOUT_S = 240
 
 

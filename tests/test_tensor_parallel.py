@@ -74,3 +74,128 @@ def test_tensor_parallel_on_four_ranks_splits_heads(one):
     with labkit.Cluster(4, device="cpu", progress=False) as four:
         report = labkit.train(four, config, strategy="tp")
     assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+
+
+# ----- the lesson's tools: split matmul, per-layer traffic, TP vs DDP, the degree slider ----
+
+def test_split_matmul_joins_to_the_one_piece_product(two):
+    from labkit.tensor_parallel import split_matmul
+
+    demo = split_matmul(two, m=3, k=4, n=6)
+    assert demo.errors() == {"column": 0.0, "row": 0.0}  # small integers: exact
+    assert [b.shape for b in demo.column_blocks] == [(3, 3), (3, 3)]  # (m, n / N) each
+    assert torch.equal(torch.cat(demo.column_blocks, dim=1), demo.y)
+    assert all(p.shape == (3, 6) for p in demo.row_partials)  # (m, n): shares of a sum
+    assert torch.equal(sum(demo.row_partials), demo.y)
+    assert not torch.equal(demo.row_partials[0], demo.y)  # one share alone is not Y
+    fig = labkit.plots.plot_split_matmul(demo)
+    assert len(fig.axes) == 2
+
+
+def test_split_matmul_refuses_an_uneven_split_before_running(two):
+    from labkit.tensor_parallel import split_matmul
+
+    with pytest.raises(ValueError, match="does not split over 2 ranks"):
+        split_matmul(two, n=3)
+
+
+@pytest.mark.parametrize("model, degree, message", [
+    (MLPConfig(d_hidden=100), 3, "d_hidden=100"), (GPTConfig(n_heads=4), 3, "4 attention heads"),
+    (MLPConfig(), 0, "at least 1")])
+def test_tp_degree_must_divide_the_width_or_heads(model, degree, message):
+    from labkit.tensor_parallel import check_tp_degree
+
+    with pytest.raises(ValueError, match=message):
+        check_tp_degree(model, degree)
+
+
+def _comm_debug_mode_counts(ctx, config_dict: dict) -> dict:
+    """PyTorch's own per-module collective counts (CommDebugMode), the reference."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from labkit.models import loss_fn, make_batch
+    from labkit.tensor_parallel.strategy import TensorParallelStrategy, tp_plan
+
+    config = labkit.TrainConfig.from_dict(config_dict)
+    model = TensorParallelStrategy().build(ctx, config)
+    inputs, targets = make_batch(config.model, 0, config.global_batch, config.seed)
+    with CommDebugMode() as mode:
+        loss_fn(config.model)(model(inputs), targets).backward()
+    prefix = type(model).__name__ + "."
+    return {(name, phase): sum(counts.values())
+            for module, passes in mode.comm_module_counts.items()
+            if module.startswith(prefix) and module[len(prefix):] in tp_plan(model)
+            for phase, counts in passes.items() for name in [module[len(prefix):]] if counts}
+
+
+def test_comm_per_layer_matches_theory_and_pytorch(two):
+    """The zoo MLP with 4 linears = 2 column/row pairs, on 2 ranks: forward, one AllReduce of
+    each row layer's output (batch, out); backward, one AllReduce of each column layer's input
+    gradient (batch, in), except the first layer's: its input is the data, which needs none.
+    The per-layer total is exactly what a training step records."""
+    from labkit.tensor_parallel import comm_per_layer
+
+    config = labkit.TrainConfig(model=MLPConfig(d_in=16, d_hidden=64, n_layers=4, d_out=8),
+                                global_batch=12, strategy="tp")
+    layers = comm_per_layer(two, config)
+    found = {(r["layer"], r["phase"]): (r["kind"], r["calls"], r["bytes"], r["shape"])
+             for r in layers.rows}
+    assert found == {("layers.2", "forward"): ("all_reduce", 1, 12 * 64 * 4, [12, 64]),
+                     ("layers.6", "forward"): ("all_reduce", 1, 12 * 8 * 4, [12, 8]),
+                     ("layers.4", "backward"): ("all_reduce", 1, 12 * 64 * 4, [12, 64])}
+    assert layers.calls("forward") == 2 and layers.calls("backward") == 1
+    assert all(r["seconds"] > 0 for r in layers.rows)
+    reference = two.run(_comm_debug_mode_counts, config.to_dict())[0]
+    assert reference == {key: calls for key, (_, calls, _, _) in found.items()}
+    step = labkit.train(two, config, steps=2).ranks[0]["records"][-1]
+    assert step["comm_kinds"] == {"all_reduce": [3, layers.total("bytes")]}
+    assert "output (12, 64)" in layers._repr_html_()
+
+
+def test_comm_per_layer_of_a_gpt_block(two):
+    """Attention split by heads and the MLP: two AllReduces forward, two backward a block."""
+    from labkit.tensor_parallel import comm_per_layer
+
+    layers = comm_per_layer(two, model=GPTConfig(n_layers=1, seq_len=8, d_model=32),
+                            global_batch=2)
+    found = {(r["layer"], r["phase"]): r["bytes"] for r in layers.rows}
+    activation = 2 * 8 * 32 * 4  # (batch, seq, d_model) float32
+    assert found == {("blocks.0.attn.proj", "forward"): activation,
+                     ("blocks.0.mlp.2", "forward"): activation,
+                     ("blocks.0.mlp.0", "backward"): activation,
+                     ("blocks.0.attn.qkv", "backward"): activation}
+
+
+def test_tp_traffic_grows_with_the_batch_and_ddp_traffic_does_not(two):
+    from labkit.models import count_parameters
+    from labkit.tensor_parallel import compare_with_ddp
+
+    config = labkit.TrainConfig(model=MLPConfig(d_in=16, d_hidden=64, n_layers=4, d_out=8),
+                                steps=2)
+    result = compare_with_ddp(two, config, batches=[8, 64])
+    tp, ddp = result.series("tp", "bytes"), result.series("ddp", "bytes")
+    assert tp[1] == 8 * tp[0]  # activations: proportional to the batch
+    assert ddp[0] == ddp[1] == 4 * count_parameters(config.model)  # the gradients, once
+    assert result.series("tp", "calls") == [3, 3] and result.series("ddp", "calls") == [1, 1]
+    assert result.crossover() == pytest.approx(ddp[0] / (tp[1] / 64))
+    assert all(row["step_s"] > 0 for row in result.rows)
+    assert len(labkit.plots.plot_tp_vs_ddp(result).axes) == 2
+    with pytest.raises(ValueError, match="split over 2 ranks"):
+        compare_with_ddp(two, config, batches=[7])
+
+
+def test_tp_explorer_slider_redraws_from_measured_runs(one, two):
+    config = labkit.TrainConfig(model=MLPConfig(d_in=16, d_hidden=64, n_layers=4, d_out=8),
+                                global_batch=16, steps=2)
+    single = labkit.train(one, config, estimate=False)
+    explorer = labkit.widgets.TensorParallelExplorer(two, config, [1, 2], {1: single})
+    box = explorer.widget(background=False)  # degree 2 trains on the two ranks, in this thread
+    assert box.slider.description == "TP degree" and box.slider.value == 2
+    explorer_png = box.plot.outputs[0]["data"]["image/png"]
+    box.slider.value = 1
+    assert box.status.value == ""  # no error shown
+    assert box.plot.outputs[0]["data"]["image/png"] != explorer_png
+    with pytest.raises(ValueError, match="another run"):
+        labkit.widgets.tp_explorer(two, config, degrees=[1, 2], reports={2: single})
+    with pytest.raises(ValueError, match="d_hidden=64"):
+        labkit.widgets.tp_explorer(two, config, degrees=[1, 3])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 
@@ -26,13 +25,6 @@ class CommMeter:
         counts = self.by_kind.setdefault(kind, [0, 0])
         counts[0] += 1
         counts[1] += nbytes
-
-    def timed(self, nbytes: int, fn, *args, **kwargs):
-        """Run a blocking collective and record it."""
-        start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.record(nbytes, start, time.perf_counter())
-        return out
 
     @property
     def busy_s(self) -> float:

@@ -3,14 +3,13 @@
 DDP registers autograd hooks; as soon as every gradient in a bucket (``bucket_cap_mb``) is
 ready, it launches that bucket's AllReduce while backward goes on computing earlier layers.
 The communication hook below does what DDP's default hook does (divide by world size, then
-AllReduce the bucket) and records when each bucket's AllReduce starts and ends.
+AllReduce the bucket), but from Python, through ``dist.all_reduce``, where the step's
+``CollectiveMeter`` (``comm/intercept.py``) records when each bucket's AllReduce starts and
+ends (DDP's built-in hook runs in C++, out of its sight).
 """
 
 from __future__ import annotations
 
-import time
-
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -19,19 +18,13 @@ from labkit.comm.meter import CommMeter
 from labkit.train.strategy import DataParallelBase
 
 
-def _timed_allreduce_hook(meter, bucket):
+def _allreduce_hook(state, bucket):
     # No annotations: DDP checks them against dist.GradBucket, and this module's
     # ``from __future__ import annotations`` would turn them into strings.
     tensor = bucket.buffer()
-    start = time.perf_counter()
     tensor.div_(dist.get_world_size())
-    future = dist.all_reduce(tensor, async_op=True).get_future()
-
-    def done(fut: torch.futures.Future) -> torch.Tensor:
-        meter.record(tensor.nbytes, start, time.perf_counter())
-        return fut.value()[0]
-
-    return future.then(done)
+    return dist.all_reduce(tensor, async_op=True).get_future().then(
+        lambda fut: fut.value()[0])
 
 
 class _MeasuredDDP(DistributedDataParallel):
@@ -46,12 +39,13 @@ class _MeasuredDDP(DistributedDataParallel):
 class DDPStrategy(DataParallelBase):
     name = "ddp"
     overlaps_comm = True
+    counts_collectives = True
 
     def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         ddp = _MeasuredDDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
         ddp.labkit_tracker = ctx.memory
-        ddp.register_comm_hook(meter, _timed_allreduce_hook)
+        ddp.register_comm_hook(None, _allreduce_hook)
         return ddp
 
     def no_sync(self, model: nn.Module):

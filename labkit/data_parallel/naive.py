@@ -21,20 +21,18 @@ from labkit.comm.meter import CommMeter
 from labkit.train.strategy import DataParallelBase
 
 
-def average_gradients(model: nn.Module, world_size: int, meter: CommMeter | None = None) -> None:
+def average_gradients(model: nn.Module, world_size: int) -> None:
     """AllReduce each gradient and divide by the number of ranks (blocking, one per tensor)."""
     for param in model.parameters():
         if param.grad is None:
             continue
-        if meter is None:
-            dist.all_reduce(param.grad)
-        else:
-            meter.timed(param.grad.nbytes, dist.all_reduce, param.grad)
-        param.grad /= world_size
+        dist.all_reduce(param.grad)  # sum over ranks
+        param.grad /= world_size  # mean: the gradient of the whole batch
 
 
 class NaiveDataParallel(DataParallelBase):
     name = "naive_dp"
+    counts_collectives = True
 
     def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
         for param in model.parameters():  # identical starting weights on every rank
@@ -42,4 +40,4 @@ class NaiveDataParallel(DataParallelBase):
         return model
 
     def sync_gradients(self, ctx, model: nn.Module, meter: CommMeter) -> None:
-        average_gradients(model, ctx.world_size, meter)
+        average_gradients(model, ctx.world_size)

@@ -13,10 +13,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from labkit.comm.meter import CommMeter
-from labkit.data_parallel.ddp import _MeasuredDDP
+from labkit.data_parallel.ddp import DDPStrategy
 from labkit.train.step import OPTIMIZERS
-from labkit.train.strategy import DataParallelBase
 
 
 def zero1_partition(sizes: list[int], world_size: int) -> list[list[int]]:
@@ -31,23 +29,15 @@ def zero1_partition(sizes: list[int], world_size: int) -> list[list[int]]:
     return owned
 
 
-class Zero1Strategy(DataParallelBase):
-    name = "zero1"
-    overlaps_comm = True  # DDP's bucketed AllReduce; the broadcasts come after backward
-    sharded = True
-    counts_collectives = True
+class Zero1Strategy(DDPStrategy):
+    """DDP's model wrapper (bucketed AllReduce overlapped with backward; the broadcasts come
+    after backward) with ZeRO's optimizer."""
 
-    def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        ddp = _MeasuredDDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
-        ddp.labkit_tracker = ctx.memory
-        return ddp
+    name = "zero1"
+    sharded = True
 
     def make_optimizer(self, model: nn.Module, config):
         # foreach=False as in train/step.py: one parameter at a time, same memory everywhere.
         return ZeroRedundancyOptimizer(model.parameters(),
                                        optimizer_class=OPTIMIZERS[config.optimizer],
                                        lr=config.lr, foreach=False)
-
-    def no_sync(self, model: nn.Module):
-        return model.no_sync

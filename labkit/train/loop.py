@@ -8,7 +8,7 @@ import gc
 import torch
 from torch.distributed.tensor import DTensor
 
-from labkit.comm.dispatch import CollectiveMeter
+from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live

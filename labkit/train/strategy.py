@@ -20,7 +20,7 @@ class Strategy:
     shards_batch = False  # data-parallel strategies train on a slice of the global batch
     overlaps_comm = False  # communication runs inside backward (DDP) rather than after it
     estimable = True  # estimate_memory knows this strategy
-    counts_collectives = False  # the loop records every collective of a step (comm/dispatch.py)
+    counts_collectives = False  # the loop records every collective of a step (comm/intercept.py)
     sharded = False  # model state split over ranks: estimate_memory traces it on a fake group
 
     def check(self, world_size: int, global_batch: int, micro_batches: int = 1) -> None:

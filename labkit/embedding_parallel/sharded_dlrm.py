@@ -1,0 +1,117 @@
+"""The zoo's DLRM with its tables placed by a ``TablePlan``; the dense part on every rank.
+
+Each rank trains on its slice of the global batch (data parallel, like DDP) and holds:
+
+* the bottom and top MLPs, whole (they are small; their gradients are averaged);
+* its whole tables (table-wise): it looks them up for the *global* batch, then one all-to-all
+  sends every rank the rows of its own samples (``comm.exchange_lookups``);
+* a slice of the rows of every row-wise table (a DTensor, ``RowwiseParallel``): each rank
+  looks up the ids that fall in its rows (zeros elsewhere), and a reduce-scatter sums the
+  partial rows and hands every rank those of its own samples.
+
+Parameter names are the plain DLRM's (``tables.3.weight``), so ranks' weights merge into a
+state dict that ``DLRM.load_state_dict`` takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+from torch import nn
+
+from labkit.embedding_parallel.comm import exchange_lookups, gather_ids
+from labkit.embedding_parallel.planner import TablePlan
+from labkit.models import DLRM
+
+
+def interact(bottom_out: torch.Tensor, table_vectors: list[torch.Tensor],
+             top: nn.Module) -> torch.Tensor:
+    """DLRM's pairwise dot-product interaction and top MLP, exactly as ``DLRM.forward``."""
+    vectors = [bottom_out, *table_vectors]
+    stacked = torch.stack(vectors, dim=1)  # (batch, n_vectors, embedding_dim)
+    dots = stacked @ stacked.transpose(1, 2)  # (batch, n_vectors, n_vectors)
+    i, j = torch.triu_indices(len(vectors), len(vectors), offset=1, device=dots.device)
+    features = torch.cat([bottom_out, dots[:, i, j]], dim=1)
+    return top(features).sum(1)  # (batch,) click logits
+
+
+def _embedding_backward_node(output: torch.Tensor):
+    """The autograd node that computes a lookup's weight gradient (plain or DTensor)."""
+    queue, seen = deque([output.grad_fn]), set()
+    while queue:
+        node = queue.popleft()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name().startswith("EmbeddingBackward"):
+            return node
+        queue.extend(next_node for next_node, _ in node.next_functions)
+    return None
+
+
+class ShardedDLRM(nn.Module):
+    """Rank ``rank``'s part of a DLRM under ``plan``; built from a DLRM (on the meta device)."""
+
+    def __init__(self, dlrm: DLRM, plan: TablePlan, rank: int):
+        super().__init__()
+        self.plan, self.rank, self.world_size = plan, rank, plan.world_size
+        held = sorted(plan.tables_per_rank[rank] + plan.row_wise)
+        self.tables = nn.ModuleDict({str(t): dlrm.tables[t] for t in held})
+        self.bottom, self.top = dlrm.bottom, dlrm.top
+        self.num_tables = len(dlrm.tables)
+        self.embedding_dim = dlrm.tables[0].embedding_dim
+        # (start, end) of every lookup this step, forward and backward (perf_counter):
+        # the strategy reads them, removes the collectives inside, and clears them.
+        self.lookup_windows: list[tuple[float, float]] = []
+
+    def dense_modules(self) -> nn.ModuleList:
+        """The data-parallel part: weights whole on every rank, gradients averaged."""
+        return nn.ModuleList([self.bottom, self.top])
+
+    def _lookup(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        out = self.tables[str(table)](ids)
+        self.lookup_windows.append((start, time.perf_counter()))
+        node = _embedding_backward_node(out) if out.requires_grad else None
+        if node is not None:  # time the weight-gradient computation too
+            began = []
+            node.register_prehook(lambda grads: began.append(time.perf_counter()))
+            node.register_hook(lambda grads_in, grads_out: self.lookup_windows.append(
+                (began.pop(), time.perf_counter())))
+        return out
+
+    def _whole_tables(self, ids: torch.Tensor, batch: int) -> dict[int, torch.Tensor]:
+        """Look up this rank's whole tables for every rank's samples, exchange the rows."""
+        per_rank = self.plan.tables_per_rank
+        if not any(per_rank):
+            return {}
+        own, dim = per_rank[self.rank], self.embedding_dim
+        if own:  # (global batch, own tables, dim): rows in rank order of their samples
+            looked_up = torch.stack([self._lookup(t, ids[:, t]) for t in own], dim=1)
+        else:  # nothing to send, but backward's exchange must run here too, or peers wait
+            looked_up = self.bottom[0].weight.new_zeros((ids.shape[0], 0, dim),
+                                                        requires_grad=torch.is_grad_enabled())
+        send = [batch * len(own) * dim] * self.world_size
+        receive = [batch * len(tables) * dim for tables in per_rank]
+        received = exchange_lookups(looked_up.reshape(-1), send, receive)
+        vectors = {}
+        for tables, piece in zip(per_rank, received.split(receive), strict=True):
+            piece = piece.view(batch, len(tables), dim)  # (batch, that rank's tables, dim)
+            vectors.update({t: piece[:, k] for k, t in enumerate(tables)})
+        return vectors
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        dense, sparse = inputs  # (batch, dense_features), (batch, num_tables): this rank's
+        ids = gather_ids(sparse, self.world_size)  # (global batch, num_tables)
+        vectors = self._whole_tables(ids, sparse.shape[0])
+        for t in self.plan.row_wise:  # reduce-scatter inside: (batch, dim), own samples
+            vectors[t] = self._lookup(t, ids[:, t])
+        return interact(self.bottom(dense), [vectors[t] for t in range(self.num_tables)],
+                        self.top)
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by part: {"tables": [...], "dense": [...]}."""
+        return {"tables": list(self.tables.parameters()),
+                "dense": list(self.dense_modules().parameters())}
