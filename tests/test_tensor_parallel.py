@@ -199,3 +199,8 @@ def test_tp_explorer_slider_redraws_from_measured_runs(one, two):
         labkit.widgets.tp_explorer(two, config, degrees=[1, 2], reports={2: single})
     with pytest.raises(ValueError, match="d_hidden=64"):
         labkit.widgets.tp_explorer(two, config, degrees=[1, 3])
+
+
+def test_train_refuses_an_uneven_split_before_the_ranks_run(two):
+    with pytest.raises(ValueError, match="d_hidden=63 does not split over 2 ranks"):
+        labkit.train(two, model=MLPConfig(d_hidden=63), strategy="tp", global_batch=8)

@@ -97,7 +97,7 @@ class TableWiseStrategy(DataParallelBase):
         if engine == "dtensor":
             self.name = f"{self.name}_dtensor"
 
-    def check_model(self, model_config) -> None:
+    def check_model(self, model_config, world_size: int = 1) -> None:
         if model_config.name != "dlrm":
             raise ValueError(f"'{self.name}' shards the embedding tables of the zoo's 'dlrm', "
                              f"not {model_config.name!r}")

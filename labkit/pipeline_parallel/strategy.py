@@ -51,7 +51,7 @@ class PipelineStrategy(Strategy):
                              f"ranks in rounds: use a multiple of {world_size} micro-batches, "
                              f"not {micro_batches}")
 
-    def check_model(self, model_config) -> None:
+    def check_model(self, model_config, world_size: int = 1) -> None:
         if model_config.name not in ("mlp", "gpt"):
             raise ValueError(f"a pipeline cuts a chain of layers: choose the zoo's 'mlp' or "
                              f"'gpt', not {model_config.name!r} (DLRM's embedding tables are "

@@ -64,9 +64,10 @@ class TensorParallelStrategy(Strategy):
             raise ValueError(f"global_batch {global_batch} does not split into "
                              f"{micro_batches} micro-batches: choose a multiple")
 
-    def check_model(self, model_config) -> None:
-        if model_config.name not in ("mlp", "gpt"):
-            raise ValueError("tensor parallelism here splits the zoo's 'mlp' and 'gpt'")
+    def check_model(self, model_config, world_size: int = 1) -> None:
+        from labkit.tensor_parallel.tradeoffs import check_tp_degree
+
+        check_tp_degree(model_config, world_size)  # an even split of widths and heads
 
     def build(self, ctx, config) -> nn.Module:
         dtype = weight_dtype(config.precision)

@@ -24,7 +24,7 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     strategy = strategy_for(config.strategy)
     strategy.check(cluster.world_size, config.global_batch, config.micro_batches)
-    strategy.check_model(config.model)
+    strategy.check_model(config.model, cluster.world_size)
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device

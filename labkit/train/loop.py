@@ -110,6 +110,7 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     out = {"rank": ctx.rank, "records": records, "memory": memory}
     if config.return_weights:
         inner = getattr(model, "module", model)  # DDP wraps the model
-        out["weights"] = {k: _full(v).detach().cpu().clone()
-                          for k, v in inner.state_dict().items()}
+        with on_host():  # copies for the caller, not the training's memory (nor its cap)
+            out["weights"] = {k: _full(v).detach().cpu().clone()
+                              for k, v in inner.state_dict().items()}
     return out

@@ -32,8 +32,9 @@ class Strategy:
             raise ValueError(f"strategy 'single' trains on one device, not {world_size}: use "
                              "labkit.Cluster(1) or a data-parallel strategy such as 'ddp'")
 
-    def check_model(self, model_config) -> None:
-        """Raise ValueError, before any process starts, for a model this cannot train."""
+    def check_model(self, model_config, world_size: int = 1) -> None:
+        """Raise ValueError, before any process starts, for a model this cannot train on
+        ``world_size`` ranks."""
 
     def build(self, ctx, config) -> nn.Module:
         """The model (or this rank's part of it) on the device."""

@@ -76,7 +76,7 @@ def main(args) -> int:
     try:
         strategy = strategy_for(config.strategy)
         strategy.check(world_size, config.global_batch, config.micro_batches)
-        strategy.check_model(config.model)
+        strategy.check_model(config.model, world_size)
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
         ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
