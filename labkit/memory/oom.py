@@ -16,8 +16,9 @@ def advice(breakdown: dict[str, int]) -> str:
     if breakdown.get("activations", 0) > state:
         return ("activations dominate: lower the batch size per device, or spread the batch "
                 "over more devices")
-    return ("model state (parameters, gradients, optimizer) dominates: add devices and choose "
-            "a sharded strategy (FSDP / ZeRO), or choose a smaller model")
+    return ("model state (parameters, gradients, optimizer) dominates: add devices and split "
+            "it (FSDP / ZeRO, pipeline or tensor parallel; for embedding tables, table-wise or "
+            "row-wise sharding), or choose a smaller model")
 
 
 class DeviceOOM(torch.OutOfMemoryError):

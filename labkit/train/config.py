@@ -17,7 +17,10 @@ class TrainConfig:
 
     Attributes:
         model: a zoo config (``labkit.models.MLPConfig()``...) or a zoo name ("mlp").
-        strategy: "single" (one device), "naive_dp" (hand-written AllReduce), "ddp".
+        strategy: a name from ``labkit.train.strategy.STRATEGIES``: "single" (one device),
+            data parallel "naive_dp", "ddp"; sharded "zero1", "fsdp"; pipelines
+            "naive_pipeline", "gpipe", "1f1b", "interleaved_1f1b"; tensor parallel "tp";
+            embedding tables "table_wise", "row_wise" (and "row_wise_dtensor").
         global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
         steps: optimizer steps; the first also builds lazy state and is left out of timings.
         precision: "fp32"; "bf16" (weights and compute in bfloat16); "mixed" (fp32 weights,
