@@ -33,13 +33,15 @@ def sharding(cluster, config, world_sizes) -> dict:
             "memory_vs_ddp": round(row.peak_bytes / ddp.peak_bytes, 3),
             "step_ms": round(row.step_s * 1e3, 2), "comm_ms": round(row.comm_s * 1e3, 2),
             "time_vs_ddp": round(row.step_s / ddp.step_s, 3), "comm_bytes": row.comm_bytes,
+            "comm_wire_bytes": round(row.comm_wire_bytes),
             "oversubscribed": row.oversubscribed}
         figures = out[f"{row.strategy}_x{row.world_size}"]
         print(f"{row.strategy:6s} x{row.world_size}: peak {labkit.format_bytes(row.peak_bytes)} "
               f"(estimate {100 * row.estimate_error:.1f}% off, {figures['memory_vs_ddp']:.2f}x "
               f"DDP), step {figures['step_ms']:.1f} ms ({figures['comm_ms']:.1f} waiting, "
-              f"{figures['time_vs_ddp']:.2f}x DDP), {labkit.format_bytes(row.comm_bytes)} per "
-              f"step{' [oversubscribed]' if row.oversubscribed else ''}")
+              f"{figures['time_vs_ddp']:.2f}x DDP), "
+              f"{labkit.format_bytes(row.comm_wire_bytes)} sent per rank per step"
+              f"{' [oversubscribed]' if row.oversubscribed else ''}")
     return out
 
 

@@ -6,6 +6,8 @@ values that a test reads back, so one that ran but computed nothing cannot pass.
 
 from __future__ import annotations
 
+import pytest
+
 
 def check_00(results: dict) -> None:
     n = results["world_size"]
@@ -70,7 +72,9 @@ def check_04(results: dict) -> None:
     assert sum(r["calls"] for r in rows if r["phase"] == "forward") == pairs
     assert sum(r["calls"] for r in rows if r["phase"] == "backward") == pairs - 1
     assert all(r["bytes"] == 4 * r["shape"][0] * r["shape"][1] for r in rows)
-    assert results["step_comm"] == {"all_reduce": [2 * pairs - 1, sum(r["bytes"] for r in rows)]}
+    total, n = sum(r["bytes"] for r in rows), results["world_size"]
+    assert results["step_comm"] == {"all_reduce": [2 * pairs - 1, total,
+                                                   pytest.approx(2 * (n - 1) / n * total)]}
     tp = [r for r in results["versus"] if r["strategy"] == "tp"]
     ddp = [r for r in results["versus"] if r["strategy"] == "ddp"]
     assert all(r["bytes"] * tp[0]["batch"] == tp[0]["bytes"] * r["batch"] for r in tp)
@@ -91,6 +95,9 @@ def check_05(results: dict) -> None:
     gradients = kinds["ddp"]["all_reduce"][1]
     assert kinds["fsdp"]["reduce_scatter"][1] == gradients
     assert kinds["zero1"]["broadcast"][1] >= gradients
+    wire = {s: rows[s, n]["comm_wire_bytes"] for s in ("ddp", "zero1", "fsdp")}
+    assert wire["fsdp"] == pytest.approx(1.5 * wire["ddp"], rel=0.02)  # three passes vs two
+    assert wire["zero1"] == pytest.approx(1.5 * wire["ddp"], rel=0.02)
     fit = results["largest_fitting"]
     assert (fit["fsdp"] or 0) >= (fit["zero1"] or 0) >= (fit["ddp"] or 0)
     assert (fit["fsdp"] or 0) > (fit["ddp"] or 0), "the boundary was meant to move"

@@ -148,7 +148,8 @@ def test_comm_per_layer_matches_theory_and_pytorch(two):
     reference = two.run(_comm_debug_mode_counts, config.to_dict())[0]
     assert reference == {key: calls for key, (_, calls, _, _) in found.items()}
     step = labkit.train(two, config, steps=2).ranks[0]["records"][-1]
-    assert step["comm_kinds"] == {"all_reduce": [3, layers.total("bytes")]}
+    assert step["comm_kinds"] == {"all_reduce": [3, layers.total("bytes"),
+                                                 layers.total("bytes")]}  # 2(N-1)/N = 1
     assert "output (12, 64)" in layers._repr_html_()
 
 

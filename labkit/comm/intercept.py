@@ -1,19 +1,26 @@
-"""Count and time every collective a step issues, whoever issues it: DDP's bucket hook,
+"""Count and time the collectives a step issues, whoever issues them: DDP's bucket hook,
 ZeRO's broadcasts, FSDP2's all-gathers and reduce-scatters, DTensor's redistributions,
 labkit's own named operations.
 
-All of them call ``torch.distributed``'s Python functions (``dist.all_reduce``,
+They all call ``torch.distributed``'s Python functions (``dist.all_reduce``,
 ``dist.all_gather_single``, ...) or its functional collectives (``funcol.all_reduce``, what
 DTensor uses). While a ``CollectiveMeter`` is entered, those functions are replaced by thin
 wrappers that record, into the step's ``CommMeter``: the kind of collective, the bytes of the
-full tensor it works on, and when it was issued and when it completed. An asynchronous
-collective keeps running in the background as it would without us (its end is taken from a
-callback on its future; the few works without a future, such as gloo's reduce-scatter, are
-waited for at once). A functional collective is waited for at once: the op after it needs its
-result anyway. Only collectives pay for this: the other ops of the step run untouched.
+full tensor it works on (and what a ring sends per rank for it), and when it was issued and
+when it completed. An asynchronous collective keeps running in the background as it would
+without us (its end is taken from a callback on its future; the few works without a future,
+such as gloo's reduce-scatter, are waited for at once). A functional collective is waited for
+at once: the op after it needs its result anyway. Only collectives pay for this; the other ops
+of the step run untouched. (A ``TorchDispatchMode`` would see them too, but it puts Python in
+front of every op of the step: on small models that doubled the step time.)
 
-(A ``TorchDispatchMode`` would see every collective too, but it puts Python in front of
-every op of the step; on small models that doubled the step time.)
+Not counted: point-to-point sends (pipelines time their waiting instead), and collectives
+that code imported by name before the meter was entered (DTensor's ``mesh_broadcast``, used
+when a tensor is first distributed, not in training steps).
+
+Times are host times: exact for CPU ranks (gloo completes on the host). On CUDA, NCCL
+completes a work's future when its kernels are queued, so there the intervals are launch
+times; the bytes and calls are exact everywhere.
 """
 
 from __future__ import annotations
@@ -65,12 +72,23 @@ def _nbytes(value) -> int:
 
 @contextlib.contextmanager
 def _outermost():
+    """The meter to record into, or None (no meter, or inside another wrapped collective)."""
     depth = getattr(_local, "depth", 0)
     _local.depth = depth + 1
     try:
-        yield depth == 0 and bool(_active)
+        active = list(_active)  # a snapshot: another thread may exit a meter meanwhile
+        yield active[-1] if depth == 0 and active else None
     finally:
         _local.depth = depth
+
+
+def _group_size(group) -> int:
+    try:
+        if isinstance(group, (dist.ProcessGroup, type(None))):
+            return dist.get_world_size(group)
+        return funcol._expand_group(group)[2]  # a mesh, (mesh, dim), ranks or a name
+    except Exception:  # noqa: BLE001 - the size only scales the wire bytes
+        return dist.get_world_size()
 
 
 def _wrap_dist(name: str, original):
@@ -79,19 +97,19 @@ def _wrap_dist(name: str, original):
 
     @functools.wraps(original)
     def collective(*args, **kwargs):
-        with _outermost() as record:
-            if not record:
+        with _outermost() as meter:
+            if meter is None:
                 return original(*args, **kwargs)
-            meter = _active[-1]
-            nbytes = _nbytes(signature.bind(*args, **kwargs).arguments.get(argument))
+            bound = signature.bind(*args, **kwargs).arguments
+            nbytes, size = _nbytes(bound.get(argument)), _group_size(bound.get("group"))
             start = time.perf_counter()
             work = original(*args, **kwargs)
             if work is None:  # blocking call: it is done
-                meter.record(nbytes, start, time.perf_counter(), kind)
+                meter.record(nbytes, start, time.perf_counter(), kind, size)
                 return work
 
             def done(_future=None):
-                meter.record(nbytes, start, time.perf_counter(), kind)
+                meter.record(nbytes, start, time.perf_counter(), kind, size)
 
             try:
                 work.get_future().then(done)
@@ -105,36 +123,40 @@ def _wrap_dist(name: str, original):
 
 def _wrap_funcol(name: str, original):
     kind = _FUNCOL[name]
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def collective(tensor, *args, **kwargs):
-        with _outermost() as record:
-            if not record:
-                return original(tensor, *args, **kwargs)
-            meter = _active[-1]
+    def collective(*args, **kwargs):
+        with _outermost() as meter:
+            if meter is None:
+                return original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs).arguments
+            tensor, size = bound["self"], _group_size(bound.get("group"))
             start = time.perf_counter()
-            out = original(tensor, *args, **kwargs)
+            out = original(*args, **kwargs)
             if isinstance(out, funcol.AsyncCollectiveTensor):
                 out.trigger_wait()
             else:
                 torch.ops._c10d_functional.wait_tensor(out)
             nbytes = _nbytes(out) if kind == "all_gather" else _nbytes(tensor)
-            meter.record(nbytes, start, time.perf_counter(), kind)
+            meter.record(nbytes, start, time.perf_counter(), kind, size)
             return out
 
     return collective
 
 
 def _install() -> None:
-    for module in (dist, c10d):
-        for name in _DIST:
+    """Replace every collective function by its wrapper, all or none."""
+    plan = [(module, name, _wrap_dist) for module in (dist, c10d) for name in _DIST]
+    plan += [(funcol, name, _wrap_funcol) for name in _FUNCOL]
+    try:
+        for module, name, wrap in plan:
             original = getattr(module, name)
             _originals[module, name] = original
-            setattr(module, name, _wrap_dist(name, original))
-    for name in _FUNCOL:
-        original = getattr(funcol, name)
-        _originals[funcol, name] = original
-        setattr(funcol, name, _wrap_funcol(name, original))
+            setattr(module, name, wrap(name, original))
+    except Exception:
+        _uninstall()
+        raise
 
 
 def _uninstall() -> None:
@@ -145,11 +167,12 @@ def _uninstall() -> None:
 
 class CollectiveMeter:
     """Record every collective issued inside ``with CollectiveMeter(meter):`` into
-    ``meter`` (a ``CommMeter``); meters may nest (the innermost records).
+    ``meter`` (a ``CommMeter``); meters may nest (the innermost records). The functions are
+    restored when the last meter exits, whatever happened inside.
 
     Bytes are those of the full tensor each collective works on (the AllReduced gradient,
-    the gathered parameter, the reduce-scattered gradient): the same measure for every
-    strategy; a ring moves about 2(N-1)/N of it per rank for AllReduce, (N-1)/N for the others.
+    the gathered parameter, the reduce-scattered gradient); ``wire_bytes`` what a ring sends
+    per rank for it: 2(N-1)/N of it for AllReduce, (N-1)/N for the others.
     """
 
     def __init__(self, meter: CommMeter):
@@ -164,6 +187,9 @@ class CollectiveMeter:
 
     def __exit__(self, *exc) -> None:
         with _lock:
-            _active.remove(self.meter)
-            if not _active:
-                _uninstall()
+            try:
+                index = max(i for i, m in enumerate(_active) if m is self.meter)
+                del _active[index]
+            finally:
+                if not _active:
+                    _uninstall()

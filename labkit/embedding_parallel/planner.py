@@ -140,6 +140,21 @@ def _exact(costs: dict[int, int], loads: list[int], budget: float) -> list[list[
     return placed if place(0) else None
 
 
+def _no_fit(shares: int, world_size: int, reserved_bytes: int, capacity_bytes: int) -> str:
+    """Why nothing fits, and how many ranks would: the tables' bytes split N ways must fit
+    what each rank has left after the part of the model that every rank keeps whole."""
+    needed = shares + reserved_bytes
+    text = (f"the tables need {format_bytes(needed)} per rank even split by rows over "
+            f"{world_size} ranks, and the cap is {format_bytes(capacity_bytes)}")
+    room = capacity_bytes - reserved_bytes
+    if room <= 0:
+        return (f"{text}: the dense part alone ({format_bytes(reserved_bytes)}) fills a rank, "
+                "so no rank count helps: raise memory_per_device or shrink the model")
+    ranks = math.ceil(shares * world_size / room)
+    return (f"{text}: add ranks (about {ranks}), raise memory_per_device, or use smaller "
+            "tables")
+
+
 def plan_tables(table_bytes: list[int], world_size: int, capacity_bytes: int | None = None,
                 reserved_bytes: int = 0, table_rows: list[int] | None = None) -> TablePlan:
     """Place tables of training cost ``table_bytes`` (weights + gradients + optimizer state)
@@ -160,12 +175,7 @@ def plan_tables(table_bytes: list[int], world_size: int, capacity_bytes: int | N
     while True:
         shares = sum(row_shard_bytes(table_bytes[t], rows[t], n) for t in row_wise)
         if shares > budget:
-            needed = shares + reserved_bytes
-            raise PlanError(
-                f"the tables need {format_bytes(needed)} per rank even split by rows over {n} "
-                f"ranks, and the cap is {format_bytes(capacity_bytes)}: add ranks (about "
-                f"{math.ceil(n * needed / capacity_bytes)}), raise memory_per_device, or use "
-                f"smaller tables")
+            raise PlanError(_no_fit(shares, n, reserved_bytes, capacity_bytes))
         costs = {t: b for t, b in enumerate(table_bytes) if t not in row_wise}
         placed = _greedy(costs, [shares] * n, budget)
         if placed is None and len(costs) <= EXACT_SEARCH_MAX_TABLES:

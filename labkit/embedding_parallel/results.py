@@ -51,18 +51,19 @@ def memory_by_part(report) -> list[dict]:
 
 
 class CollectiveCounts(dict):
-    """{run label: {collective kind: (calls, bytes)}} of one step, shown as a table."""
+    """{run label: {collective kind: (calls, bytes, bytes sent per rank on a ring)}} of one
+    step, shown as a table."""
 
     def _repr_html_(self) -> str:
         from labkit.memory.units import format_bytes
 
         rows = "".join(f"<tr><td>{label}</td><td>{kind}</td><td>{calls}</td>"
-                       f"<td>{format_bytes(nbytes)}</td></tr>"
+                       f"<td>{format_bytes(nbytes)}</td><td>{format_bytes(wire)}</td></tr>"
                        for label, kinds in self.items()
-                       for kind, (calls, nbytes) in sorted(kinds.items()))
+                       for kind, (calls, nbytes, wire) in sorted(kinds.items()))
         return ("<b>collectives in one training step (rank 0, measured)</b><table><tr><th>run"
-                "</th><th>collective</th><th>calls</th><th>bytes (full tensors)</th></tr>"
-                f"{rows}</table>")
+                "</th><th>collective</th><th>calls</th><th>bytes (full tensors)</th>"
+                f"<th>sent per rank (ring)</th></tr>{rows}</table>")
 
 
 def collectives(reports: dict) -> CollectiveCounts:

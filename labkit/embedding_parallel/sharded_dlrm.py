@@ -5,7 +5,8 @@ Each rank trains on its slice of the global batch (data parallel, like DDP) and 
 * the bottom and top MLPs, whole (they are small; their gradients are averaged);
 * its whole tables (table-wise): it looks them up for the *global* batch, then one all-to-all
   sends every rank the rows of its own samples (``comm.exchange_lookups``);
-* a slice of the rows of every row-wise table (a DTensor, ``RowwiseParallel``): each rank
+* a slice of the rows of every row-wise table (a ``Shard(0)`` DTensor, looked up by
+  ``row_sharded.py``; or DTensor's ``RowwiseParallel`` with the "dtensor" engine): each rank
   looks up the ids that fall in its rows (zeros elsewhere), and a reduce-scatter sums the
   partial rows and hands every rank those of its own samples.
 

@@ -110,8 +110,9 @@ def _traced_step_peak(config, batch_size: int, world_size: int = 1, steps: int =
         relabel_live(tracker)
         if strategy.sharded:
             # The first DTensor op of each kind fills DTensor's sharding-propagation cache by
-            # running the op on whole-size tensors: meta tensors (not counted) in a real run,
-            # but fake tensors (counted) here. One more step, and the peak of the later ones.
+            # running the op on fake tensors of the whole size. A real run does not count
+            # those (the tracker skips fake tensors there); here every tensor is fake, so they
+            # would be counted. One more step, and the peak of the later ones.
             steps += 1
         for step in range(steps):  # the second step holds optimizer state from the first
             if strategy.sharded and step == 1:

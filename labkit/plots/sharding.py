@@ -42,28 +42,30 @@ def plot_sharded_memory(comparison, capacity_bytes: int | None = None) -> Figure
 
 
 def plot_comm_price(comparison, world_size: int | None = None) -> Figure:
-    """What the memory saving costs at ``world_size`` ranks: bytes per step by kind of
+    """What the memory saving costs at ``world_size`` ranks: bytes each rank sends per step
+    (on a ring: 2(N-1)/N of the tensor for AllReduce, (N-1)/N for the others), by kind of
     collective, and the step split into computation and exposed communication."""
     world_size = world_size or comparison.world_sizes[-1]
     rows = [r for r in comparison.rows if r.world_size == world_size]
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2)
     x = np.arange(len(rows))
-    scale, unit = _scale(max(r.comm_bytes for r in rows) or 1)
+    scale, unit = _scale(max(r.comm_wire_bytes for r in rows) or 1)
     bottom = np.zeros(len(rows))
     for kind, color in KIND_COLORS.items():
-        values = np.array([r.comm_kinds.get(kind, [0, 0])[1] for r in rows]) / scale
+        values = np.array([r.comm_kinds.get(kind, [0, 0, 0])[2] for r in rows]) / scale
         if values.any():
             left.bar(x, values, 0.6, bottom=bottom, color=color, label=kind.replace("_", "-"))
             bottom += values
     for xi, row in zip(x, rows, strict=True):
-        calls = sum(c for c, _ in row.comm_kinds.values())
-        left.text(xi, bottom[xi], f"{format_bytes(row.comm_bytes)}\n{calls} calls",
+        calls = sum(counts[0] for counts in row.comm_kinds.values())
+        left.text(xi, bottom[xi], f"{format_bytes(row.comm_wire_bytes)}\n{calls} calls",
                   ha="center", va="bottom", fontsize=7)
     left.set_xticks(x, [r.strategy for r in rows])
-    left.set(ylabel=f"bytes per step ({unit})", ylim=(0, 1.3 * max(bottom.max(), 1e-9)))
-    left.set_title(f"traffic per step on {world_size} ranks (size of the tensors "
-                   "each collective works on)", fontsize=9)
+    left.set(ylabel=f"bytes sent per rank per step ({unit})",
+             ylim=(0, 1.3 * max(bottom.max(), 1e-9)))
+    left.set_title(f"traffic per step on {world_size} ranks (what a ring sends per rank "
+                   "for the collectives counted)", fontsize=9)
     left.legend(fontsize=7)
     compute = np.array([(r.step_s - r.comm_s) * 1e3 for r in rows])
     exposed = np.array([r.comm_s * 1e3 for r in rows])

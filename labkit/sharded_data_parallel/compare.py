@@ -17,8 +17,9 @@ class ShardingRow:
     peak_bytes: int  # the highest rank's measured peak
     at_peak: dict[str, int]  # that rank's bytes by category at its peak
     estimated_bytes: int
-    comm_kinds: dict[str, list[int]]  # kind -> [calls, bytes] per step
-    comm_bytes: int
+    comm_kinds: dict[str, list]  # kind -> [calls, tensor bytes, bytes sent per rank] per step
+    comm_bytes: int  # the tensors the collectives worked on
+    comm_wire_bytes: float  # what a ring sends per rank for them
     step_s: float
     comm_s: float  # exposed communication in the median step
     comm_busy_s: float
@@ -59,6 +60,10 @@ class ShardingComparison:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def summary(self) -> list[dict]:
+        """One plain dict per run, with its estimate error (what a notebook records)."""
+        return [asdict(row) | {"estimate_error": row.estimate_error} for row in self.rows]
+
 
 def _row(report) -> ShardingRow:
     highest = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])
@@ -68,6 +73,7 @@ def _row(report) -> ShardingRow:
                        highest["memory"]["peak_bytes"],
                        {c: highest["memory"]["at_peak"][c] for c in CATEGORIES},
                        report.estimate["peak_bytes"], last["comm_kinds"], last["comm_bytes"],
+                       last["comm_wire_bytes"],
                        split["step_s"], split["comm_s"], split["comm_busy_s"],
                        report.oversubscribed, report.losses)
 

@@ -37,7 +37,8 @@ class _LayerMeter:
         self.layer, self.phase, self.rows = OUTSIDE, "forward", []
         self.shapes: dict[tuple[str, str], list[int]] = {}  # (layer, pass) -> tensor shape
 
-    def record(self, nbytes: int, start: float, end: float, kind: str = "all_reduce") -> None:
+    def record(self, nbytes: int, start: float, end: float, kind: str = "all_reduce",
+               group_size: int = 2) -> None:
         self.rows.append({"layer": self.layer, "phase": self.phase, "kind": kind,
                           "bytes": nbytes, "seconds": end - start})
 

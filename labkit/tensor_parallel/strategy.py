@@ -76,7 +76,8 @@ class TensorParallelStrategy(Strategy):
             group_heads(host, ctx.world_size)
             values = dict(host.named_parameters())
         model = build_model(config.model, "meta", config.seed, dtype)
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        with on_host():  # the mesh's rank map is a host tensor, not device memory
+            mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         parallelize_module(model, mesh, tp_plan(model))
         with on_host():  # this rank's slice of every weight, cut on the host
             sources = {}

@@ -9,7 +9,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from labkit.comm.intercept import CollectiveMeter
-from labkit.comm.meter import CommMeter
+from labkit.comm.meter import CommMeter, union_seconds
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live
 from labkit.models import loss_fn, make_batch, to_device
@@ -30,7 +30,7 @@ def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
         return min(meter.union_s, timing["step_s"])
     end = timing["backward_end"]
     during = [start for start, _ in meter.intervals if start <= end]
-    after = CommMeter(intervals=[(s, e) for s, e in meter.intervals if s > end]).union_s
+    after = union_seconds([(s, e) for s, e in meter.intervals if s > end])
     if not during:
         return min(after, timing["step_s"])
     # Once the last bucket is ready, backward has no compute left: the rest of backward is
@@ -68,7 +68,8 @@ def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict
             "forward_s": timing["forward_s"], "backward_s": timing["backward_s"],
             "optimizer_s": timing["optimizer_s"], "comm_s": exposed,
             "compute_s": timing["step_s"] - exposed, "comm_busy_s": meter.busy_s,
-            "comm_bytes": meter.bytes, "comm_calls": meter.calls,
+            "comm_bytes": meter.bytes, "comm_wire_bytes": meter.wire_bytes,
+            "comm_calls": meter.calls,
             "comm_kinds": {kind: list(v) for kind, v in meter.by_kind.items()},
             "memory_tracked": ctx.memory._depth > 0, **strategy.step_extras(ctx, model)}
 

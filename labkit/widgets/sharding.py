@@ -39,7 +39,7 @@ class ShardingExplorer:
     def message(self, world_size: int) -> str:
         rows = self.comparison(world_size).rows
         return "<br>".join(f"<b>{r.strategy}</b>: peak {format_bytes(r.peak_bytes)} per rank; "
-                           f"collectives on {format_bytes(r.comm_bytes)} per step; median "
+                           f"{format_bytes(r.comm_wire_bytes)} sent per step; median "
                            f"step {r.step_s * 1e3:.1f} ms, {r.comm_s * 1e3:.1f} ms of it waiting"
                            for r in rows)
 
