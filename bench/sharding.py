@@ -1,7 +1,7 @@
 """Benchmark: what sharding saves in memory and costs in time, and the recommender sharded.
 
-    python bench/sharding.py          # about 4 minutes on 2 cores
-    python bench/sharding.py --quick  # about a minute
+    python bench/sharding.py          # about a minute on 2 cores
+    python bench/sharding.py --quick  # about 20 seconds
 
 1. DDP / ZeRO-1 / FSDP on 1, 2 and 4 ranks (4 oversubscribes a 2-core machine: said in the
    output): per-rank peak memory measured, the estimate beside it, the median step time and
