@@ -19,6 +19,7 @@ from labkit.embedding_parallel.results import (
     collectives,
     memory_by_part,
     merged_weights,
+    speed_summary,
     time_split,
 )
 from labkit.embedding_parallel.sharded_dlrm import ShardedDLRM
@@ -28,4 +29,4 @@ from labkit.embedding_parallel.strategy import RowWiseStrategy, TableWiseStrateg
 __all__ = ["ModelParts", "PlanError", "RowWiseStrategy", "ShardedDLRM", "TablePlan",
            "TableWiseStrategy", "auc_curve", "collectives", "dlrm_plan", "evaluate_on_ranks",
            "held_out_auc", "held_out_batch", "memory_by_part", "merged_weights", "model_parts",
-           "plan_tables", "time_split", "training_bytes"]
+           "plan_tables", "speed_summary", "time_split", "training_bytes"]

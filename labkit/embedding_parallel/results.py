@@ -23,6 +23,18 @@ def auc_curve(report) -> tuple[float, list[float]]:
     return records[0]["auc_before"], [r["held_out_auc"] for r in records]
 
 
+def speed_summary(reports: dict) -> dict:
+    """Per run (``{label: TrainReport}``): median step, samples/s, oversubscription, and the
+    step split into lookups, communication and the rest where the run measured lookups."""
+    out = {}
+    for label, report in reports.items():
+        measured = "lookup_s" in report.ranks[0]["records"][-1]
+        out[label] = {"split": time_split(report) if measured else None,
+                      "step_s": report.median_step_s, "samples_per_s": report.samples_per_s,
+                      "oversubscribed": report.oversubscribed}
+    return out
+
+
 def time_split(report) -> dict[str, float]:
     """The median step (slowest rank, as ``TrainReport.split``) split into table lookups
     (forward and weight gradients, collectives excluded), exposed communication, and the

@@ -41,6 +41,12 @@ class DeviceOOM(torch.OutOfMemoryError):
             f"{format_bytes(requested_bytes)} with {format_bytes(in_use_bytes)} of "
             f"{format_bytes(capacity_bytes)} in use ({parts}). To fit, {advice(breakdown)}.")
 
+    def to_dict(self) -> dict:
+        """The numbers of this OOM, as plain values (what a notebook records)."""
+        return {"rank": self.rank, "device": self.device, "requested": self.requested_bytes,
+                "capacity": self.capacity_bytes, "in_use": self.in_use_bytes,
+                "breakdown": dict(self.breakdown)}
+
     def __reduce__(self):
         return (type(self), (self.rank, self.device, self.requested_bytes, self.capacity_bytes,
                              self.in_use_bytes, self.breakdown))
