@@ -214,6 +214,8 @@ def test_step_time_splits_into_lookup_communication_and_dense(two, strategy, exc
 def test_sharded_strategies_refuse_other_models(two):
     with pytest.raises(ValueError, match="dlrm"):
         labkit.train(two, model="mlp", strategy="table_wise")
+    with pytest.raises(ValueError, match="without any"):  # before any rank runs
+        labkit.train(two, model=DLRMConfig(rows_per_table=1), strategy="row_wise")
 
 
 def test_recommender_explorer_shows_the_plan_and_the_measured_oom(two):

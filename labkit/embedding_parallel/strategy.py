@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_modul
 from labkit.data_parallel.naive import average_gradients
 from labkit.embedding_parallel.evaluate import evaluate_on_ranks
 from labkit.embedding_parallel.planner import PlanError, TablePlan
-from labkit.embedding_parallel.row_sharded import RowShardedEmbedding
+from labkit.embedding_parallel.row_sharded import RowShardedEmbedding, row_range
 from labkit.embedding_parallel.sharded_dlrm import ShardedDLRM
 from labkit.embedding_parallel.sizing import dlrm_plan
 from labkit.memory.capacity import on_host
@@ -186,6 +186,13 @@ class RowWiseStrategy(TableWiseStrategy):
     """Every table's rows split over all ranks."""
 
     name = "row_wise"
+
+    def check_model(self, model_config, world_size: int = 1) -> None:
+        super().check_model(model_config, world_size)
+        rows = model_config.rows_per_table
+        if row_range(rows, world_size - 1, world_size)[1] == 0:
+            raise ValueError(f"{rows} rows per table leave the last of {world_size} ranks "
+                             "without any: choose rows_per_table a multiple of the rank count")
 
     def plan(self, ctx, config) -> TablePlan:
         capacity = getattr(ctx.memory, "device_capacity", None) or ctx.memory.capacity_bytes
