@@ -91,8 +91,9 @@ def _group_size(group) -> int:
         return dist.get_world_size()
 
 
-def _wrap_dist(name: str, original):
-    kind, argument = _DIST[name]
+def _wrap(original, kind: str, complete):
+    """``original`` with its call recorded: ``complete(out, bound_arguments, done)`` says how
+    the collective ends and calls ``done(nbytes)`` when it has."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -101,48 +102,46 @@ def _wrap_dist(name: str, original):
             if meter is None:
                 return original(*args, **kwargs)
             bound = signature.bind(*args, **kwargs).arguments
-            nbytes, size = _nbytes(bound.get(argument)), _group_size(bound.get("group"))
-            start = time.perf_counter()
-            work = original(*args, **kwargs)
-            if work is None:  # blocking call: it is done
-                meter.record(nbytes, start, time.perf_counter(), kind, size)
-                return work
+            size, start = _group_size(bound.get("group")), time.perf_counter()
+            out = original(*args, **kwargs)
 
-            def done(_future=None):
+            def done(nbytes: int) -> None:
                 meter.record(nbytes, start, time.perf_counter(), kind, size)
 
-            try:
-                work.get_future().then(done)
-            except RuntimeError:  # a work without a future: wait for it here
-                work.wait()
-                done()
-            return work
+            complete(out, bound, done)
+            return out
 
     return collective
+
+
+def _wrap_dist(name: str, original):
+    kind, argument = _DIST[name]
+
+    def complete(work, bound, done):
+        nbytes = _nbytes(bound.get(argument))
+        if work is None:  # blocking call: it is done
+            done(nbytes)
+            return
+        try:
+            work.get_future().then(lambda _future: done(nbytes))
+        except RuntimeError:  # a work without a future: wait for it here
+            work.wait()
+            done(nbytes)
+
+    return _wrap(original, kind, complete)
 
 
 def _wrap_funcol(name: str, original):
     kind = _FUNCOL[name]
-    signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def collective(*args, **kwargs):
-        with _outermost() as meter:
-            if meter is None:
-                return original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs).arguments
-            tensor, size = bound["self"], _group_size(bound.get("group"))
-            start = time.perf_counter()
-            out = original(*args, **kwargs)
-            if isinstance(out, funcol.AsyncCollectiveTensor):
-                out.trigger_wait()
-            else:
-                torch.ops._c10d_functional.wait_tensor(out)
-            nbytes = _nbytes(out) if kind == "all_gather" else _nbytes(tensor)
-            meter.record(nbytes, start, time.perf_counter(), kind, size)
-            return out
+    def complete(out, bound, done):
+        if isinstance(out, funcol.AsyncCollectiveTensor):
+            out.trigger_wait()
+        else:
+            torch.ops._c10d_functional.wait_tensor(out)
+        done(_nbytes(out) if kind == "all_gather" else _nbytes(bound["self"]))
 
-    return collective
+    return _wrap(original, kind, complete)
 
 
 def _install() -> None:

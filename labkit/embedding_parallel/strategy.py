@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
+from labkit.comm.meter import union_seconds
 from labkit.data_parallel.naive import average_gradients
 from labkit.embedding_parallel.evaluate import evaluate_on_ranks
 from labkit.embedding_parallel.planner import PlanError, TablePlan
@@ -33,6 +34,7 @@ from labkit.embedding_parallel.sharded_dlrm import ShardedDLRM
 from labkit.embedding_parallel.sizing import dlrm_plan
 from labkit.memory.capacity import on_host
 from labkit.models import build_model
+from labkit.train.shards import allocate_shards
 from labkit.train.step import weight_dtype
 from labkit.train.strategy import DataParallelBase
 
@@ -41,42 +43,10 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _merged(intervals) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [tuple(i) for i in out]
-
-
 def time_outside(windows, excluded) -> float:
-    """Seconds covered by ``windows`` but not by ``excluded`` (both lists of (start, end))."""
-    total = 0.0
-    holes = _merged(excluded)
-    for start, end in _merged(windows):
-        total += end - start
-        for h_start, h_end in holes:
-            total -= max(0.0, min(end, h_end) - max(start, h_start))
-    return total
-
-
-def _allocate_shards(model: nn.Module, values: dict[str, torch.Tensor], ctx) -> None:
-    """Give every meta parameter its values: whole tensors as they are, DTensor row shards
-    cut the way DTensor cuts them (``torch.chunk`` on dim 0), one parameter at a time."""
-    for module_name, module in model.named_modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            with on_host():
-                source = values[f"{module_name}.{name}"]
-                if isinstance(param, DTensor):
-                    source = source.chunk(ctx.world_size, 0)[ctx.rank]
-            local = source.to(ctx.device, copy=True)
-            if isinstance(param, DTensor):
-                local = DTensor.from_local(local, param.device_mesh, param.placements,
-                                           run_check=False, shape=param.shape,
-                                           stride=param.stride())
-            setattr(module, name, nn.Parameter(local))
+    """Seconds covered by ``windows`` but not by ``excluded`` (both lists of (start, end)):
+    |W minus E| = |W or E| - |E|."""
+    return union_seconds([*windows, *excluded]) - union_seconds(excluded)
 
 
 class TableWiseStrategy(DataParallelBase):
@@ -122,7 +92,7 @@ class TableWiseStrategy(DataParallelBase):
             host = build_model(config.model, "cpu", config.seed, dtype)
             values = {k: v.detach() for k, v in host.named_parameters()}
             del host
-        _allocate_shards(model, values, ctx)
+        allocate_shards(model, values, ctx.rank, ctx.world_size, ctx.device)
         return model
 
     def _shard_rows(self, model: ShardedDLRM, ctx) -> None:

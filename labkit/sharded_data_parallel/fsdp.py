@@ -22,7 +22,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from labkit.comm.meter import CommMeter
 from labkit.memory.capacity import on_host
 from labkit.models import DLRM, GPT, MLP, build_model
 from labkit.train.step import weight_dtype
@@ -81,9 +80,6 @@ class FSDPStrategy(DataParallelBase):
                 local = param.to_local() if isinstance(param, DTensor) else param
                 if local.numel():
                     local.copy_(sources[name])
-        return model
-
-    def wrap(self, ctx, model: nn.Module, meter: CommMeter, config) -> nn.Module:
         return model
 
     def no_sync(self, model: nn.Module):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from labkit.memory.capacity import on_host
 from labkit.models import GPT, MLP, build_model
 from labkit.tensor_parallel.dtensor import mlp_plan
+from labkit.train.shards import allocate_shards
 from labkit.train.step import weight_dtype
 from labkit.train.strategy import Strategy
 
@@ -79,21 +79,5 @@ class TensorParallelStrategy(Strategy):
         with on_host():  # the mesh's rank map is a host tensor, not device memory
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         parallelize_module(model, mesh, tp_plan(model))
-        with on_host():  # this rank's slice of every weight, cut on the host
-            sources = {}
-            for name, param in model.named_parameters():
-                source = values[name]
-                if isinstance(param, DTensor) and isinstance(param.placements[0], Shard):
-                    source = source.chunk(ctx.world_size, param.placements[0].dim)[ctx.rank]
-                sources[name] = source.detach().contiguous()
-        # Allocate only this rank's shards on the device, one by one (Module.to_empty on
-        # DTensors would allocate whole tensors on the way).
-        for module_name, module in model.named_modules():
-            for name, param in list(module.named_parameters(recurse=False)):
-                local = sources[f"{module_name}.{name}" if module_name else name].to(
-                    ctx.device, copy=True)
-                if isinstance(param, DTensor):
-                    local = DTensor.from_local(local, param.device_mesh, param.placements,
-                                               run_check=False)
-                setattr(module, name, nn.Parameter(local))
+        allocate_shards(model, values, ctx.rank, ctx.world_size, ctx.device)
         return model
