@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from labkit.costs import ring_share
+
 MIB = 1 << 20
 
 
@@ -50,9 +52,9 @@ class CollectiveTimings:
     rows: list[dict] = field(init=False)
 
     def __post_init__(self):
-        ring_share = 2 * (self.world_size - 1) / self.world_size
+        share = ring_share("all_reduce", self.world_size)  # 2(N-1)/N
         self.rows = [{"bytes": b, "seconds": s, "algbw_GBps": b / s / 1e9,
-                      "busbw_GBps": b / s / 1e9 * ring_share}
+                      "busbw_GBps": b / s / 1e9 * share}
                      for b, s in zip(self.sizes_bytes, self.seconds, strict=True)]
 
     @property
