@@ -19,11 +19,9 @@ How a call completes:
 * point-to-point works (``isend``, ``irecv``, ``batch_isend_irecv``; gloo gives them no
   future): returned wrapped, and marked done when the caller waits for them.
 
-Only communication pays for this; the other ops of the step run untouched. (A
-``TorchDispatchMode`` would see them too, but it puts Python in front of every op of the
-step: on small models that doubled the step time.) Not counted: functions that code imported
-by name before the meter was entered (DTensor's ``mesh_broadcast``, used when a tensor is
-first distributed, not in training steps).
+Only communication pays for this (a ``TorchDispatchMode`` would put Python in front of every
+op of the step: on small models that doubled the step time). Not counted: functions imported
+by name before the meter was entered (DTensor's ``mesh_broadcast``, not used in steps).
 """
 
 from __future__ import annotations

@@ -24,14 +24,14 @@ def _all_reduce_times(ctx, sizes_bytes: list[int], repeats: int) -> list[float]:
     medians = []
     for nbytes in sizes_bytes:
         tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
-        dist.all_reduce(tensor)  # warm-up: connections, buffers
+        dist.all_reduce(tensor, group=ctx.group)  # warm-up: connections, buffers
         times = []
         for _ in range(repeats):
-            dist.barrier()
+            dist.barrier(group=ctx.group)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=ctx.group)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)

@@ -37,7 +37,7 @@ def evaluate_on_ranks(run, model: nn.Module, config, samples: int = EVAL_SAMPLES
         scores = model(local).float().contiguous()  # (samples / slices,) logits
         if slices > 1:
             gathered = scores.new_empty(samples)
-            dist.all_gather_single(gathered, scores)
+            dist.all_gather_single(gathered, scores, group=dist.group.WORLD)
             scores = gathered
         return auc(scores.cpu(), clicks)
 

@@ -109,7 +109,7 @@ def main(args) -> int:
         result = train_on_rank(ctx, config.to_dict())
         result["host"] = socket.gethostname()
         gathered = [None] * world_size if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
         if rank == 0:
             hosts = sorted({r["host"] for r in gathered})
             report = TrainReport(config, world_size, device.type, backend, oversubscribed,
