@@ -33,6 +33,8 @@ COMBINATIONS = {
                      {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
     "naive_dp2_tp2": (MLP, Layout(dp=2, tp=2, dp_kind="naive"), 1,
                       {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
+    "naive_dp2_pp2": (MLP, Layout(dp=2, pp=2, dp_kind="naive", schedule="gpipe"), 2,
+                      {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
     "tables_dp2_fsdp2": (DLRM, Layout(dp=2, fsdp=2, tables="table_wise"), 1,
                          {"fsdp": {"all_gather", "all_to_all", "all_reduce"},
                           "dp": {"all_reduce"}}),

@@ -124,7 +124,7 @@ def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
             tracker.reset_peak()
         batch = example_batch(config.model, batch_size)
         if pipeline is not None:
-            pipeline.step(batch, built.optimizer)
+            pipeline.step(batch, built.optimizer, built.sync_gradients)
         else:
             run_step(built.model, batch, loss_fn(config.model), built.optimizer,
                      config.precision, built.sync_gradients,

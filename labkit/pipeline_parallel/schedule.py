@@ -69,12 +69,17 @@ class PipelineRunner:
         return losses
 
 
-def pipeline_step(runner: PipelineRunner, batch, optimizer, clock) -> dict:
+def pipeline_step(runner: PipelineRunner, batch, optimizer, clock,
+                  sync_gradients=None) -> dict:
     """One training step through the pipeline: the stage's busy time (its chunks) is
-    computation, the rest of the pass is waiting (the bubble, and the transfers)."""
+    computation, the rest of the pass is waiting (the bubble, and the transfers).
+    ``sync_gradients`` (hand-written data parallelism) runs after the pass, counted as
+    waiting too."""
     inputs, targets = batch
     start = clock.now()
     losses = runner.run(inputs, targets)
+    if sync_gradients is not None:
+        sync_gradients()
     compute_end = clock.now()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -105,7 +105,7 @@ class PipelineTrace:
             shape, dtype = self.shapes[stage + 1]
             out.backward(self._buffer(("grad", stage, mb), shape, dtype, device))
 
-    def step(self, batch, optimizer) -> None:
+    def step(self, batch, optimizer, sync_gradients=None) -> None:
         inputs, targets = batch
         device = inputs.device
         self._outputs.clear()  # a stage clears the last step's outputs when the next begins
@@ -131,5 +131,7 @@ class PipelineTrace:
         if self._outputs:  # what step() returns on the last stage: the merged outputs
             merged = torch.cat([o.detach() for o in self._outputs])
             del merged
+        if sync_gradients is not None:
+            sync_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

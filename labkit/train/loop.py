@@ -83,7 +83,8 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     run.clock.start()
     with CollectiveMeter(meter):  # settles on leaving: the step's traffic is all in
         if built.pipeline is not None:
-            timing = pipeline_step(built.pipeline, batch, built.optimizer, run.clock)
+            timing = pipeline_step(built.pipeline, batch, built.optimizer, run.clock,
+                                   sync_gradients)
         else:
             timing = run_step(built.model, batch, loss_fn(config.model), built.optimizer,
                               config.precision, sync_gradients, run.clock,
