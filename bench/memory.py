@@ -23,7 +23,8 @@ import torch
 import labkit
 from labkit.memory import MemoryTracker
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, loss_fn, make_batch
-from labkit.train.step import make_optimizer, run_step
+from labkit.optim import make_optimizer
+from labkit.step import run_step
 
 MODELS = {"mlp": (MLPConfig(d_in=256, d_hidden=1024, n_layers=4), 256),
           "gpt": (GPTConfig(d_model=256, n_layers=4, seq_len=128), 16),

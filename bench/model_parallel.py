@@ -19,8 +19,8 @@ import time
 import torch
 
 import labkit
-from labkit.models import MLPConfig, build_model, loss_fn, make_batch
-from labkit.pipeline_parallel.stages import split_stages
+from labkit.models import MLPConfig, build_model, loss_fn, make_batch, plan_for
+from labkit.pipeline_parallel.stages import split_stages, stage_module
 from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
 
 MODEL = MLPConfig(d_in=512, d_hidden=1024, n_layers=4)
@@ -31,7 +31,8 @@ def _plain_gpipe(ctx, micro_batches: int, steps: int) -> list[float]:
     """The pipeline as one would write it with torch.distributed.pipelining alone."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    stage = split_stages(build_model(MODEL), ctx.world_size)[ctx.rank]
+    layers = plan_for(MODEL).layers(build_model(MODEL))
+    stage = stage_module(split_stages(layers, ctx.world_size)[ctx.rank])[0]
     schedule = ScheduleGPipe(PipelineStage(stage, ctx.rank, ctx.world_size, ctx.device),
                              micro_batches, loss_fn=loss_fn(MODEL))
     optimizer = torch.optim.SGD(stage.parameters(), lr=1e-3)

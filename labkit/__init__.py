@@ -11,20 +11,23 @@ from labkit.cluster import (
     RunTimeout,
 )
 from labkit.comm import CollectiveTimings, time_all_reduce
+from labkit.costs import model_state_bytes, ring_all_reduce_seconds
+from labkit.layout import STRATEGIES, Layout
 from labkit.memory import DeviceOOM, format_bytes, parse_bytes
 from labkit.memory.boundary import BoundaryMap, sweep_boundary
-from labkit.memory.estimate import MemoryEstimate, estimate_memory, model_state_bytes
+from labkit.memory.estimate import MemoryEstimate, estimate_memory
 from labkit.results import record_results
-from labkit.sharded_data_parallel import ShardingComparison, compare_sharding
+from labkit.sharded_data_parallel.compare import ShardingComparison, compare_sharding
+from labkit.step import StepRecord
 from labkit.train import TrainConfig, TrainReport, train
-from labkit.train.scaling import ScalingResult, ring_all_reduce_seconds, scaling_sweep
+from labkit.train.scaling import ScalingResult, scaling_sweep
 
 __version__ = "0.1.0"
 
-__all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
-           "MemoryEstimate", "OversubscriptionWarning", "RankContext", "RankError",
-           "RunResults", "RunTimeout", "ScalingResult", "ShardingComparison", "TrainConfig",
-           "TrainReport", "compare_sharding", "data_parallel", "estimate_memory",
-           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
-           "record_results", "ring_all_reduce_seconds", "scaling_sweep", "sweep_boundary",
-           "time_all_reduce", "train", "widgets"]
+__all__ = ["STRATEGIES", "BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings",
+           "DeviceOOM", "Layout", "MemoryEstimate", "OversubscriptionWarning", "RankContext",
+           "RankError", "RunResults", "RunTimeout", "ScalingResult", "ShardingComparison",
+           "StepRecord", "TrainConfig", "TrainReport", "compare_sharding", "data_parallel",
+           "estimate_memory", "format_bytes", "model_state_bytes", "models", "parse_bytes",
+           "plots", "record_results", "ring_all_reduce_seconds", "scaling_sweep",
+           "sweep_boundary", "time_all_reduce", "train", "widgets"]

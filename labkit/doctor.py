@@ -19,7 +19,7 @@ from labkit.cluster.hardware import gpu_count, physical_cores
 
 def _sum_of_ranks(ctx) -> float:
     tensor = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, group=ctx.group)
     return tensor.item()
 
 

@@ -20,8 +20,8 @@ from labkit.embedding_parallel import (
     plan_tables,
     time_split,
 )
+from labkit.metrics import auc
 from labkit.models import DLRMConfig
-from labkit.train.metrics import auc
 
 # 5 tables: 3 + 2 on two ranks, 2 + 1 + 1 + 1 on four; 64 rows split evenly over 2 or 4.
 SMALL = DLRMConfig(num_tables=5, rows_per_table=64, embedding_dim=8, bottom_hidden=16,

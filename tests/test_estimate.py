@@ -71,8 +71,17 @@ def test_7b_decoder_is_estimated_without_allocating_it():
     assert not estimate.fits(80 * 10**9)
 
 
-def test_strategies_it_cannot_trace_are_refused_not_guessed():
-    for strategy in ("gpipe", "tp"):
-        config = labkit.TrainConfig(model=MLPConfig(), strategy=strategy, micro_batches=2)
-        with pytest.raises(ValueError, match="does not know"):
-            labkit.estimate_memory(config, 2)
+def test_every_strategy_is_traced_the_pipelines_stage_by_stage():
+    """No strategy is refused any more: each is built on a fake process group by the same
+    build path as training; a pipeline's stages (and a table group's ranks) one by one."""
+    for strategy in labkit.STRATEGIES:
+        tables = strategy in ("table_wise", "row_wise", "row_wise_dtensor")
+        model = DLRMConfig() if tables else MLPConfig()
+        world_size = 1 if strategy == "single" else 2
+        config = labkit.TrainConfig(model=model, strategy=strategy,
+                                    micro_batches=1 if strategy == "naive_pipeline" else 2)
+        estimate = labkit.estimate_memory(config, world_size)
+        assert estimate.peak_bytes == sum(estimate.at_peak.values()) > 0, strategy
+        pipelined = strategy in ("naive_pipeline", "gpipe", "1f1b", "interleaved_1f1b")
+        assert len(estimate.per_rank) == (2 if pipelined or tables else 1), strategy
+        assert estimate.peak_bytes == max(estimate.per_rank.values())

@@ -82,3 +82,65 @@ def test_sharded_strategies_on_nccl_equal_ddp():
         assert runs[strategy].losses == pytest.approx(runs["ddp"].losses, abs=1e-5)
         assert runs[strategy].ranks[0]["records"][-1]["comm_bytes"] > 0
     assert max(runs["fsdp"].peak_bytes) < max(runs["ddp"].peak_bytes)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_one_seed_gives_the_same_weights_to_every_layout_on_cuda():
+    """Issue 18: weights come from the host's CPU generator for every layout, GPUs too."""
+    config = labkit.TrainConfig(model="mlp", global_batch=16, steps=1, lr=0.0,
+                                optimizer="sgd", micro_batches=2, return_weights=True)
+    want = labkit.models.build_model(config.model, "cpu").state_dict()
+    with labkit.Cluster(2, device="cuda", progress=False) as cluster:
+        for strategy in ("ddp", "fsdp", "tp", "gpipe", "naive_pipeline"):
+            report = labkit.train(cluster, config, strategy=strategy, estimate=False)
+            for rank in report.ranks:
+                for name, value in rank["weights"].items():
+                    assert torch.equal(value, want[name]), (strategy, name)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_pipelines_tensor_parallel_and_tables_train_on_nccl():
+    with labkit.Cluster(1, device="cuda", progress=False) as one:
+        reference = labkit.train(one, model="mlp", global_batch=16, steps=3, estimate=False)
+        tables = labkit.train(one, model="dlrm", global_batch=16, steps=3, estimate=False)
+    with labkit.Cluster(2, device="cuda", progress=False) as cluster:
+        for strategy, micro in (("gpipe", 2), ("1f1b", 2), ("naive_pipeline", 1), ("tp", 1)):
+            report = labkit.train(cluster, model="mlp", strategy=strategy, global_batch=16,
+                                  steps=3, micro_batches=micro)
+            assert report.losses == pytest.approx(reference.losses, rel=1e-4), strategy
+        report = labkit.train(cluster, model="dlrm", strategy="table_wise", global_batch=16,
+                              steps=3)
+        assert report.losses == pytest.approx(tables.losses, rel=1e-4)
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_a_collective_is_timed_on_the_gpu_not_at_its_launch():
+    """Issue 18: NCCL's future completes at launch, so host times mark launches. With the
+    device clock a collective queued behind 10 large matmuls starts, on the record, when the
+    GPU reaches it, after the matmuls are done."""
+    def meter(ctx):
+        from labkit.comm.clock import clock_for
+        from labkit.comm.intercept import CollectiveMeter
+        from labkit.comm.meter import CommMeter
+
+        x, t = torch.randn(8192, 8192, device=ctx.device), torch.ones(2**26, device=ctx.device)
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        m = CommMeter(clock_for(ctx.device))
+        m.clock.start()
+        before = m.clock.mark()
+        for _ in range(10):
+            x @ x  # GPU work queued ahead of the collective
+        matmuls = m.clock.mark()
+        with CollectiveMeter(m):  # settles: synchronizes and resolves the marks
+            dist.all_reduce(t)
+        (start, end), done = m.intervals[0], m.clock.seconds(matmuls)
+        return start - done, end - start, done - m.clock.seconds(before)
+
+    with labkit.Cluster(1, device="cuda", progress=False) as cluster:
+        after_matmuls, duration, matmul_s = cluster.run(meter, timeout=120)[0]
+    assert matmul_s > 0.005  # the matmuls took real GPU time
+    assert after_matmuls > -1e-4 and duration > 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import labkit
-from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model
-from labkit.pipeline_parallel.stages import as_layers, split_stages
+from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, plan_for
+from labkit.pipeline_parallel.stages import split_stages, stage_module
 from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
 from tests.conftest import descendants
 
@@ -20,15 +20,19 @@ HEAVY = labkit.TrainConfig(model=MLPConfig(d_in=512, d_hidden=1024, n_layers=4),
 @pytest.mark.parametrize("stages", [2, 4])
 def test_stages_cover_the_model_in_order(config, stages):
     model = build_model(config)
-    parts = split_stages(model, stages)
+    layers = plan_for(config).layers(model)
+    parts, names = zip(*(stage_module(pieces) for pieces in split_stages(layers, stages)),
+                       strict=True)
     assert len(parts) == stages
-    # Every weight, once, in the model's own order.
+    # Every weight, once, in the model's own order, under the model's own name.
     assert [id(p) for part in parts for p in part.parameters()] == [
-        id(p) for layer in as_layers(model) for p in layer.parameters()] == [
+        id(p) for _, layer in layers for p in layer.parameters()] == [
         id(p) for p in model.parameters()]
+    assert [names[i][n] for i, part in enumerate(parts) for n, _ in part.named_parameters()
+            ] == [n for n, _ in model.named_parameters()]
     assert all(sum(p.numel() for p in part.parameters()) > 0 for part in parts)
     with pytest.raises(ValueError, match="cannot fill"):
-        split_stages(model, 50)
+        split_stages(layers, 50)
 
 
 @pytest.mark.parametrize("model", [MLPConfig(n_layers=4), GPTConfig(n_layers=2)],
@@ -116,7 +120,23 @@ def test_bad_pipelines_fail_before_any_run(two):
         labkit.train(two, model="mlp", strategy="naive_pipeline", micro_batches=2)
     with pytest.raises(ValueError, match="chain of layers"):
         labkit.train(two, model=DLRMConfig(), strategy="gpipe", micro_batches=2)
+    # More stages than layers with weights: refused here, not on the ranks (issue 11).
+    with pytest.raises(ValueError, match="cannot fill 4 stages"):
+        labkit.train(two, model=MLPConfig(n_layers=3), strategy="interleaved_1f1b",
+                     micro_batches=2)
+    with pytest.raises(ValueError, match="cannot fill 2 stages"):
+        labkit.train(two, model=MLPConfig(n_layers=1), strategy="gpipe")
     assert descendants() == before
+
+
+@pytest.mark.parametrize("model", [MLPConfig(), GPTConfig()], ids=lambda m: m.name)
+def test_interleaved_1f1b_on_four_ranks_is_refused_before_any_rank_starts(model):
+    """Issue 11: the default MLP (4 layers) and GPT (2 blocks: 5 layers) cannot fill the 8
+    stages of interleaved 1F1B on 4 ranks; that is said up front, with what to change."""
+    config = labkit.TrainConfig(model=model, strategy="interleaved_1f1b", micro_batches=4,
+                                global_batch=16)
+    with pytest.raises(ValueError, match="cannot fill 8 stages"):
+        labkit.layout.check_run(config, labkit.layout.preset("interleaved_1f1b", 4), 4)
 
 
 def test_pipeline_explorer_redraws_for_new_micro_batches(two):

@@ -9,7 +9,10 @@ import torch
 from torch import nn
 
 import labkit
-from labkit.models import GPTConfig, MLPConfig
+from labkit.build import build, parallel_context
+from labkit.layout import Layout, preset
+from labkit.layout.mesh import mesh_for
+from labkit.models import GPTConfig, MLPConfig, loss_fn, make_batch, plan_for
 from labkit.tensor_parallel import parallel_mlp, tensor_parallel_mlp
 
 
@@ -18,6 +21,10 @@ def _local(tensor):
 
 
 def _compare_with_plain(ctx, kind: str) -> dict:
+    return _compare_on_mesh(ctx, kind, mesh_for(Layout(tp=ctx.world_size), "cpu"))
+
+
+def _compare_on_mesh(ctx, kind: str, mesh) -> dict:
     torch.manual_seed(0)  # the same weights and input on every rank
     mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
     x = torch.randn(4, 8)
@@ -26,7 +33,7 @@ def _compare_with_plain(ctx, kind: str) -> dict:
     if kind == "scratch":
         tp = parallel_mlp(copy.deepcopy(mlp), ctx.rank, ctx.world_size)
     else:
-        tp = tensor_parallel_mlp(copy.deepcopy(mlp), "cpu", ctx.world_size)
+        tp = tensor_parallel_mlp(copy.deepcopy(mlp), mesh["tp"])
     x_tp = x.clone().requires_grad_()
     y = tp(x_tp)
     y.pow(2).sum().backward()
@@ -113,18 +120,16 @@ def _comm_debug_mode_counts(ctx, config_dict: dict) -> dict:
     """PyTorch's own per-module collective counts (CommDebugMode), the reference."""
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from labkit.models import loss_fn, make_batch
-    from labkit.tensor_parallel.strategy import TensorParallelStrategy, tp_plan
-
     config = labkit.TrainConfig.from_dict(config_dict)
-    model = TensorParallelStrategy().build(ctx, config)
+    model = build(parallel_context(ctx, preset("tp", ctx.world_size)), config).model
     inputs, targets = make_batch(config.model, 0, config.global_batch, config.seed)
     with CommDebugMode() as mode:
         loss_fn(config.model)(model(inputs), targets).backward()
     prefix = type(model).__name__ + "."
+    split = plan_for(config.model).tp_styles(model)
     return {(name, phase): sum(counts.values())
             for module, passes in mode.comm_module_counts.items()
-            if module.startswith(prefix) and module[len(prefix):] in tp_plan(model)
+            if module.startswith(prefix) and module[len(prefix):] in split
             for phase, counts in passes.items() for name in [module[len(prefix):]] if counts}
 
 

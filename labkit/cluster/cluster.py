@@ -9,6 +9,7 @@ may be defined in a cell), every rank runs it, results come back in rank order.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -131,6 +132,19 @@ class Cluster:
             self._procs.kill_ranks()
             self._set_world_size(world_size)
             self._start()
+
+    @contextlib.contextmanager
+    def resized(self, world_size: int):
+        """``with cluster.resized(n):`` runs at ``n`` ranks, and the old count comes back
+        after, whatever happened inside (resizing inside the block is allowed)."""
+        original = self.world_size
+        if world_size != original:
+            self.resize(world_size)
+        try:
+            yield self
+        finally:
+            if self.world_size != original and not self.closed:
+                self.resize(original)
 
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards."""

@@ -1,26 +1,27 @@
-"""Count and time the collectives a step issues, whoever issues them: DDP's bucket hook,
-ZeRO's broadcasts, FSDP2's all-gathers and reduce-scatters, DTensor's redistributions,
-labkit's own named operations.
+"""Count and time the communication a step issues, whoever issues it: DDP's bucket hook,
+ZeRO's broadcasts, FSDP2's all-gathers and reduce-scatters, DTensor's redistributions, a
+pipeline's sends and receives, labkit's own named operations.
 
 They all call ``torch.distributed``'s Python functions (``dist.all_reduce``,
-``dist.all_gather_single``, ...) or its functional collectives (``funcol.all_reduce``, what
+``dist.batch_isend_irecv``, ...) or its functional collectives (``funcol.all_reduce``, what
 DTensor uses). While a ``CollectiveMeter`` is entered, those functions are replaced by thin
-wrappers that record, into the step's ``CommMeter``: the kind of collective, the bytes of the
-full tensor it works on (and what a ring sends per rank for it), and when it was issued and
-when it completed. An asynchronous collective keeps running in the background as it would
-without us (its end is taken from a callback on its future; the few works without a future,
-such as gloo's reduce-scatter, are waited for at once). A functional collective is waited for
-at once: the op after it needs its result anyway. Only collectives pay for this; the other ops
-of the step run untouched. (A ``TorchDispatchMode`` would see them too, but it puts Python in
-front of every op of the step: on small models that doubled the step time.)
+wrappers that record into the step's ``CommMeter``: the kind, the group (so the mesh
+dimension), the bytes of the full tensor, and the clock's marks at issue and at completion.
+How a call completes:
 
-Not counted: point-to-point sends (pipelines time their waiting instead), and collectives
-that code imported by name before the meter was entered (DTensor's ``mesh_broadcast``, used
-when a tensor is first distributed, not in training steps).
+* a blocking call, or a functional collective (waited for at once: the op after it needs
+  its result anyway): when it returns;
+* an asynchronous collective with a future: a callback on the future marks the end (on a GPU
+  the callback runs in stream order after the collective, so a device clock's mark there is
+  the collective's end); ``CommMeter.settle`` waits for those callbacks, so a step's record
+  is complete before it is read;
+* a work without a future (gloo's reduce-scatter): waited for at once;
+* point-to-point works (``isend``, ``irecv``, ``batch_isend_irecv``; gloo gives them no
+  future): returned wrapped, and marked done when the caller waits for them.
 
-Times are host times: exact for CPU ranks (gloo completes on the host). On CUDA, NCCL
-completes a work's future when its kernels are queued, so there the intervals are launch
-times; the bytes and calls are exact everywhere.
+Only communication pays for this (a ``TorchDispatchMode`` would put Python in front of every
+op of the step: on small models that doubled the step time). Not counted: functions imported
+by name before the meter was entered (DTensor's ``mesh_broadcast``, not used in steps).
 """
 
 from __future__ import annotations
@@ -29,14 +30,13 @@ import contextlib
 import functools
 import inspect
 import threading
-import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
-from labkit.comm.meter import CommMeter
+from labkit.comm.meter import CommMeter, Once
 
 # torch.distributed function -> (kind, the argument that holds the full tensor(s))
 _DIST = {"all_reduce": ("all_reduce", "tensor"), "broadcast": ("broadcast", "tensor"),
@@ -48,6 +48,7 @@ _DIST = {"all_reduce": ("all_reduce", "tensor"), "broadcast": ("broadcast", "ten
          "reduce_scatter_tensor": ("reduce_scatter", "input"),
          "all_to_all_single": ("all_to_all", "input"),
          "all_to_all": ("all_to_all", "input_tensor_list")}
+_P2P = {"send": "send", "recv": "recv", "isend": "send", "irecv": "recv"}
 # functional collective -> kind (bytes: the input, or the output of a gather)
 _FUNCOL = {"all_reduce": "all_reduce", "broadcast": "broadcast",
            "all_gather_single": "all_gather", "all_gather_tensor": "all_gather",
@@ -72,7 +73,7 @@ def _nbytes(value) -> int:
 
 @contextlib.contextmanager
 def _outermost():
-    """The meter to record into, or None (no meter, or inside another wrapped collective)."""
+    """The meter to record into, or None (no meter, or inside another wrapped call)."""
     depth = getattr(_local, "depth", 0)
     _local.depth = depth + 1
     try:
@@ -83,6 +84,8 @@ def _outermost():
 
 
 def _group_size(group) -> int:
+    if not dist.is_initialized():
+        return 1
     try:
         if isinstance(group, (dist.ProcessGroup, type(None))):
             return dist.get_world_size(group)
@@ -92,67 +95,170 @@ def _group_size(group) -> int:
 
 
 def _wrap(original, kind: str, complete):
-    """``original`` with its call recorded: ``complete(out, bound_arguments, done)`` says how
-    the collective ends and calls ``done(nbytes)`` when it has."""
+    """``original`` with its call recorded: ``complete(out, arguments, done, meter)`` says how
+    the call ends, arranges ``done(nbytes)`` to run when it has, and returns the result."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def collective(*args, **kwargs):
+    def communicate(*args, **kwargs):
         with _outermost() as meter:
             if meter is None:
                 return original(*args, **kwargs)
             bound = signature.bind(*args, **kwargs).arguments
-            size, start = _group_size(bound.get("group")), time.perf_counter()
+            group = bound.get("group")
+            size, start = _group_size(group), meter.clock.mark()
             out = original(*args, **kwargs)
 
             def done(nbytes: int) -> None:
-                meter.record(nbytes, start, time.perf_counter(), kind, size)
+                meter.record(group, kind, nbytes, size, start, meter.clock.mark())
 
-            complete(out, bound, done)
-            return out
+            return complete(out, bound, done, meter)
 
-    return collective
+    return communicate
 
 
-def _wrap_dist(name: str, original):
-    kind, argument = _DIST[name]
-
-    def complete(work, bound, done):
+def _complete_collective(argument: str):
+    def complete(work, bound, done, meter):
         nbytes = _nbytes(bound.get(argument))
         if work is None:  # blocking call: it is done
             done(nbytes)
-            return
+            return work
         try:
-            work.get_future().then(lambda _future: done(nbytes))
+            future = work.get_future()
         except RuntimeError:  # a work without a future: wait for it here
             work.wait()
             done(nbytes)
+            return work
 
-    return _wrap(original, kind, complete)
+        def finished(_future) -> None:
+            try:
+                done(nbytes)
+            finally:
+                meter.end()
+
+        meter.begin()
+        future.then(finished)
+        return work
+
+    return complete
+
+
+class _TimedWork:
+    """A point-to-point work that records its transfer (``once``) when the caller waits for
+    it (gloo's have no future); ``CommMeter.settle`` waits for any the caller left."""
+
+    def __init__(self, work, once: Once):
+        self._work, self._once = work, once
+
+    def wait(self, *args, **kwargs):
+        if self._once.fired:  # waited for already: a gloo work would block a second time
+            return True
+        result = self._work.wait(*args, **kwargs)
+        self._once()
+        return result
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _timed(work, once: Once, meter) -> _TimedWork:
+    timed = _TimedWork(work, once)
+    meter.watch(timed, once)
+    return timed
+
+
+def _complete_p2p(blocking: bool):
+    def complete(work, bound, done, meter):
+        nbytes = _nbytes(bound.get("tensor"))
+        if blocking or work is None:  # send or recv: done when they return (recv: the sender)
+            done(nbytes)
+            return work
+        return _timed(work, Once(lambda: done(nbytes)), meter)
+
+    return complete
+
+
+def _complete_batch(works, bound, meter, start):
+    """``batch_isend_irecv``: each op is recorded (as a send or a receive) once every work of
+    the batch has been waited for (NCCL coalesces them into one)."""
+    ops, left = list(bound["p2p_op_list"]), [max(len(works), 1)]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        end = meter.clock.mark()
+        for op in ops:
+            kind = "send" if op.op is c10d.isend else "recv"
+            meter.record(op.group, kind, op.tensor.nbytes, _group_size(op.group), start, end)
+
+    if not works:  # nothing to wait for
+        one_done()
+        return works
+    return [_timed(work, Once(one_done), meter) for work in works]
+
+
+def _wrap_batch(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def batch_isend_irecv(*args, **kwargs):
+        with _outermost() as meter:
+            if meter is None:
+                return original(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs).arguments
+            start = meter.clock.mark()
+            return _complete_batch(original(*args, **kwargs), bound, meter, start)
+
+    return batch_isend_irecv
 
 
 def _wrap_funcol(name: str, original):
     kind = _FUNCOL[name]
 
-    def complete(out, bound, done):
+    def complete(out, bound, done, meter):
         if isinstance(out, funcol.AsyncCollectiveTensor):
             out.trigger_wait()
         else:
             torch.ops._c10d_functional.wait_tensor(out)
         done(_nbytes(out) if kind == "all_gather" else _nbytes(bound["self"]))
+        return out
 
     return _wrap(original, kind, complete)
 
 
+def _wrapper(name: str, original):
+    if name in _DIST:
+        kind, argument = _DIST[name]
+        return _wrap(original, kind, _complete_collective(argument))
+    if name in _P2P:
+        return _wrap(original, _P2P[name], _complete_p2p(blocking=name in ("send", "recv")))
+    return _wrap_batch(original)
+
+
+def _set(module, name: str, value) -> None:
+    _originals.setdefault((module, name), getattr(module, name))
+    setattr(module, name, value)
+
+
 def _install() -> None:
-    """Replace every collective function by its wrapper, all or none."""
-    plan = [(module, name, _wrap_dist) for module in (dist, c10d) for name in _DIST]
-    plan += [(funcol, name, _wrap_funcol) for name in _FUNCOL]
+    """Replace every communication function by its wrapper, all or none. ``dist.isend`` and
+    ``c10d.isend`` get the same wrapper: ``batch_isend_irecv`` tells sends from receives by
+    identity."""
     try:
-        for module, name, wrap in plan:
-            original = getattr(module, name)
-            _originals[module, name] = original
-            setattr(module, name, wrap(name, original))
+        for name in (*_DIST, *_P2P, "batch_isend_irecv"):
+            original = getattr(c10d, name)
+            wrapper = _wrapper(name, original)
+            _set(c10d, name, wrapper)
+            if getattr(dist, name, None) is original:
+                _set(dist, name, wrapper)
+        for name in _FUNCOL:
+            _set(funcol, name, _wrap_funcol(name, getattr(funcol, name)))
     except Exception:
         _uninstall()
         raise
@@ -165,13 +271,10 @@ def _uninstall() -> None:
 
 
 class CollectiveMeter:
-    """Record every collective issued inside ``with CollectiveMeter(meter):`` into
-    ``meter`` (a ``CommMeter``); meters may nest (the innermost records). The functions are
-    restored when the last meter exits, whatever happened inside.
-
-    Bytes are those of the full tensor each collective works on (the AllReduced gradient,
-    the gathered parameter, the reduce-scattered gradient); ``wire_bytes`` what a ring sends
-    per rank for it: 2(N-1)/N of it for AllReduce, (N-1)/N for the others.
+    """Record the communication issued inside ``with CollectiveMeter(meter):`` into
+    ``meter`` (a ``CommMeter``), then ``meter.settle()`` on leaving, so that what ran in the
+    block is all recorded when the block ends. Meters may nest (the innermost records). The
+    functions are restored when the last meter exits, whatever happened inside.
     """
 
     def __init__(self, meter: CommMeter):
@@ -184,11 +287,14 @@ class CollectiveMeter:
             _active.append(self.meter)
         return self.meter
 
-    def __exit__(self, *exc) -> None:
-        with _lock:
-            try:
-                index = max(i for i, m in enumerate(_active) if m is self.meter)
-                del _active[index]
-            finally:
-                if not _active:
-                    _uninstall()
+    def __exit__(self, exc_type, *exc) -> None:
+        try:
+            self.meter.settle(wait=exc_type is None)
+        finally:
+            with _lock:
+                try:
+                    index = max(i for i, m in enumerate(_active) if m is self.meter)
+                    del _active[index]
+                finally:
+                    if not _active:
+                        _uninstall()

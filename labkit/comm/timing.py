@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from labkit.costs import ring_share
+
 MIB = 1 << 20
 
 
@@ -22,14 +24,14 @@ def _all_reduce_times(ctx, sizes_bytes: list[int], repeats: int) -> list[float]:
     medians = []
     for nbytes in sizes_bytes:
         tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
-        dist.all_reduce(tensor)  # warm-up: connections, buffers
+        dist.all_reduce(tensor, group=ctx.group)  # warm-up: connections, buffers
         times = []
         for _ in range(repeats):
-            dist.barrier()
+            dist.barrier(group=ctx.group)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=ctx.group)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
@@ -50,9 +52,9 @@ class CollectiveTimings:
     rows: list[dict] = field(init=False)
 
     def __post_init__(self):
-        ring_share = 2 * (self.world_size - 1) / self.world_size
+        share = ring_share("all_reduce", self.world_size)  # 2(N-1)/N
         self.rows = [{"bytes": b, "seconds": s, "algbw_GBps": b / s / 1e9,
-                      "busbw_GBps": b / s / 1e9 * ring_share}
+                      "busbw_GBps": b / s / 1e9 * share}
                      for b, s in zip(self.sizes_bytes, self.seconds, strict=True)]
 
     @property

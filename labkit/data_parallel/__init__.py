@@ -1,6 +1,7 @@
-"""Data parallelism: a model copy per device, gradients averaged by AllReduce."""
+"""Data parallelism: a model copy per device, gradients averaged by AllReduce; by hand
+(``naive.py``) and with PyTorch's DDP (``ddp.py``)."""
 
-from labkit.data_parallel.ddp import DDPStrategy
-from labkit.data_parallel.naive import NaiveDataParallel, average_gradients
+from labkit.data_parallel.ddp import wrap_ddp
+from labkit.data_parallel.naive import average_gradients, broadcast_parameters
 
-__all__ = ["DDPStrategy", "NaiveDataParallel", "average_gradients"]
+__all__ = ["average_gradients", "broadcast_parameters", "wrap_ddp"]

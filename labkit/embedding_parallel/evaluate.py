@@ -11,9 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.memory.capacity import on_host
-from labkit.models import build_model, make_batch, to_device
-from labkit.train.metrics import auc
-from labkit.train.strategy import local_slice
+from labkit.metrics import auc
+from labkit.models import build_model, local_slice, make_batch, to_device
 
 HELD_OUT_STEP = 10**9  # the data of "step 10^9": never a training step
 EVAL_SAMPLES = 2048
@@ -24,19 +23,21 @@ def held_out_batch(model_config, samples: int = EVAL_SAMPLES, seed: int = 0):
     return make_batch(model_config, HELD_OUT_STEP, samples, seed)
 
 
-def evaluate_on_ranks(ctx, model: nn.Module, config, samples: int = EVAL_SAMPLES) -> float:
+def evaluate_on_ranks(run, model: nn.Module, config, samples: int = EVAL_SAMPLES) -> float:
     """Held-out AUC of the sharded ``model``, evaluated by all ranks together: each scores
-    its slice of the batch (the lookups and exchanges are those of training), then the scores
-    are all-gathered. Runs outside the memory tracker and the step's timings: evaluation is
-    not part of the training step being measured."""
-    samples -= samples % ctx.world_size
+    its data slice of the batch (the lookups and exchanges are those of training), then the
+    scores are all-gathered (data slices are in rank order: a DLRM layout has no tp or pp).
+    Runs outside the memory tracker and the step's timings: evaluation is not part of the
+    training step being measured. ``run`` is the rank's ``ParallelContext``."""
+    slices = run.layout.data_size
+    samples -= samples % slices
     with on_host(), torch.no_grad():
         inputs, clicks = held_out_batch(config.model, samples, config.seed)
-        local = to_device(local_slice(inputs, ctx.rank, ctx.world_size), ctx.device)
-        scores = model(local).float().contiguous()  # (samples / world_size,) logits
-        if ctx.world_size > 1:
+        local = to_device(local_slice(inputs, run.data_rank, slices), run.device)
+        scores = model(local).float().contiguous()  # (samples / slices,) logits
+        if slices > 1:
             gathered = scores.new_empty(samples)
-            dist.all_gather_single(gathered, scores)
+            dist.all_gather_single(gathered, scores, group=dist.group.WORLD)
             scores = gathered
         return auc(scores.cpu(), clicks)
 

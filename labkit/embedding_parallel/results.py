@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from labkit.memory.units import format_bytes
+
 PARTS = ("tables", "dense")
 KINDS = ("parameters", "gradients", "optimizer")
 
@@ -67,8 +69,6 @@ class CollectiveCounts(dict):
     step, shown as a table."""
 
     def _repr_html_(self) -> str:
-        from labkit.memory.units import format_bytes
-
         rows = "".join(f"<tr><td>{label}</td><td>{kind}</td><td>{calls}</td>"
                        f"<td>{format_bytes(nbytes)}</td><td>{format_bytes(wire)}</td></tr>"
                        for label, kinds in self.items()

@@ -33,13 +33,14 @@ def row_range(rows: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 class RowShardedEmbedding(nn.Module):
-    """``embedding``'s rows split over ``mesh``; this rank's part, allocated on the table's
-    device (the meta device, before the strategy fills it)."""
+    """``embedding``'s rows split over the 1-D ``mesh`` (a run's fsdp dimension); this rank's
+    part, allocated on the table's device (the meta device, until the build fills it)."""
 
-    def __init__(self, embedding: nn.Embedding, mesh, rank: int):
+    def __init__(self, embedding: nn.Embedding, mesh):
         super().__init__()
         rows, dim = embedding.weight.shape
-        self.world_size = mesh.size()
+        self.world_size, self.group = mesh.size(), mesh.get_group()
+        rank = mesh.get_local_rank()
         self.row_start, local_rows = row_range(rows, rank, self.world_size)
         if local_rows == 0:
             raise ValueError(f"{rows} rows leave rank {rank} of {self.world_size} without any: "
@@ -56,4 +57,4 @@ class RowShardedEmbedding(nn.Module):
         here = (ids >= self.row_start) & (ids < self.row_start + local.shape[0])
         rows = F.embedding((ids - self.row_start) * here, local)  # (global batch, dim)
         rows = rows * here.unsqueeze(1).to(rows.dtype)  # zeros for rows held elsewhere
-        return scatter_rows(rows, self.world_size)  # (batch, dim): own samples, summed
+        return scatter_rows(rows, self.group)  # (batch, dim): own samples, summed

@@ -1,25 +1,26 @@
-"""The zoo's DLRM with its tables placed by a ``TablePlan``; the dense part on every rank.
+"""The zoo's DLRM with its tables placed by a ``TablePlan`` over a group of ranks (the run's
+fsdp dimension); the dense part on every rank.
 
 Each rank trains on its slice of the global batch (data parallel, like DDP) and holds:
 
 * the bottom and top MLPs, whole (they are small; their gradients are averaged);
-* its whole tables (table-wise): it looks them up for the *global* batch, then one all-to-all
-  sends every rank the rows of its own samples (``comm.exchange_lookups``);
+* its whole tables (table-wise): it looks them up for the whole group's batch, then one
+  all-to-all sends every rank of the group the rows of its own samples
+  (``comm.exchange_lookups``);
 * a slice of the rows of every row-wise table (a ``Shard(0)`` DTensor, looked up by
   ``row_sharded.py``; or DTensor's ``RowwiseParallel`` with the "dtensor" engine): each rank
   looks up the ids that fall in its rows (zeros elsewhere), and a reduce-scatter sums the
   partial rows and hands every rank those of its own samples.
 
 Parameter names are the plain DLRM's (``tables.3.weight``), so ranks' weights merge into a
-state dict that ``DLRM.load_state_dict`` takes.
+state dict that ``DLRM.load_state_dict`` takes. Groups that hold the same tables are
+replicas of each other (a hybrid layout: tables sharded in a group, replicated across groups).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from labkit.embedding_parallel.comm import exchange_lookups, gather_ids
@@ -38,50 +39,23 @@ def interact(bottom_out: torch.Tensor, table_vectors: list[torch.Tensor],
     return top(features).sum(1)  # (batch,) click logits
 
 
-def _embedding_backward_node(output: torch.Tensor):
-    """The autograd node that computes a lookup's weight gradient (plain or DTensor)."""
-    queue, seen = deque([output.grad_fn]), set()
-    while queue:
-        node = queue.popleft()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if node.name().startswith("EmbeddingBackward"):
-            return node
-        queue.extend(next_node for next_node, _ in node.next_functions)
-    return None
-
-
 class ShardedDLRM(nn.Module):
-    """Rank ``rank``'s part of a DLRM under ``plan``; built from a DLRM (on the meta device)."""
+    """This rank's part of a DLRM under ``plan`` over ``group`` (its rank there: the one whose
+    tables it holds); built from a DLRM on the meta device."""
 
-    def __init__(self, dlrm: DLRM, plan: TablePlan, rank: int):
+    def __init__(self, dlrm: DLRM, plan: TablePlan, group):
         super().__init__()
-        self.plan, self.rank, self.world_size = plan, rank, plan.world_size
-        held = sorted(plan.tables_per_rank[rank] + plan.row_wise)
+        self.group, self.rank = group, dist.get_rank(group)
+        self.plan, self.world_size = plan, plan.world_size
+        held = sorted(plan.tables_per_rank[self.rank] + plan.row_wise)
         self.tables = nn.ModuleDict({str(t): dlrm.tables[t] for t in held})
         self.bottom, self.top = dlrm.bottom, dlrm.top
         self.num_tables = len(dlrm.tables)
         self.embedding_dim = dlrm.tables[0].embedding_dim
-        # (start, end) of every lookup this step, forward and backward (perf_counter):
-        # the strategy reads them, removes the collectives inside, and clears them.
-        self.lookup_windows: list[tuple[float, float]] = []
 
     def dense_modules(self) -> nn.ModuleList:
         """The data-parallel part: weights whole on every rank, gradients averaged."""
         return nn.ModuleList([self.bottom, self.top])
-
-    def _lookup(self, table: int, ids: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter()
-        out = self.tables[str(table)](ids)
-        self.lookup_windows.append((start, time.perf_counter()))
-        node = _embedding_backward_node(out) if out.requires_grad else None
-        if node is not None:  # time the weight-gradient computation too
-            began = []
-            node.register_prehook(lambda grads: began.append(time.perf_counter()))
-            node.register_hook(lambda grads_in, grads_out: self.lookup_windows.append(
-                (began.pop(), time.perf_counter())))
-        return out
 
     def _whole_tables(self, ids: torch.Tensor, batch: int) -> dict[int, torch.Tensor]:
         """Look up this rank's whole tables for every rank's samples, exchange the rows."""
@@ -89,14 +63,14 @@ class ShardedDLRM(nn.Module):
         if not any(per_rank):
             return {}
         own, dim = per_rank[self.rank], self.embedding_dim
-        if own:  # (global batch, own tables, dim): rows in rank order of their samples
-            looked_up = torch.stack([self._lookup(t, ids[:, t]) for t in own], dim=1)
+        if own:  # (group's batch, own tables, dim): rows in rank order of their samples
+            looked_up = torch.stack([self.tables[str(t)](ids[:, t]) for t in own], dim=1)
         else:  # nothing to send, but backward's exchange must run here too, or peers wait
             looked_up = self.bottom[0].weight.new_zeros((ids.shape[0], 0, dim),
                                                         requires_grad=torch.is_grad_enabled())
         send = [batch * len(own) * dim] * self.world_size
         receive = [batch * len(tables) * dim for tables in per_rank]
-        received = exchange_lookups(looked_up.reshape(-1), send, receive)
+        received = exchange_lookups(looked_up.reshape(-1), send, receive, self.group)
         vectors = {}
         for tables, piece in zip(per_rank, received.split(receive), strict=True):
             piece = piece.view(batch, len(tables), dim)  # (batch, that rank's tables, dim)
@@ -105,10 +79,10 @@ class ShardedDLRM(nn.Module):
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         dense, sparse = inputs  # (batch, dense_features), (batch, num_tables): this rank's
-        ids = gather_ids(sparse, self.world_size)  # (global batch, num_tables)
+        ids = gather_ids(sparse, self.group)  # (group's batch, num_tables)
         vectors = self._whole_tables(ids, sparse.shape[0])
         for t in self.plan.row_wise:  # reduce-scatter inside: (batch, dim), own samples
-            vectors[t] = self._lookup(t, ids[:, t])
+            vectors[t] = self.tables[str(t)](ids[:, t])
         return interact(self.bottom(dense), [vectors[t] for t in range(self.num_tables)],
                         self.top)
 

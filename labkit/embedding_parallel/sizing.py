@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.costs import training_bytes
 from labkit.embedding_parallel.planner import TablePlan, all_row_wise, plan_tables
 from labkit.memory.units import format_bytes
+from labkit.models import build_model
+from labkit.optim import weight_dtype
 
-# Tensors of the size of a parameter that each optimizer keeps (Adam: two moments).
-OPTIMIZER_STATE_COPIES = {"adam": 2, "adamw": 2, "sgd": 0}
 # Temporaries of the size of the parameter being updated, alive at once during the update
 # (measured: labkit's Adam updates one tensor at a time, foreach=False, and its peak holds three
 # such temporaries of the largest table; plain SGD updates in place).
@@ -19,11 +20,6 @@ OPTIMIZER_TEMPORARIES = {"adam": 3, "adamw": 3, "sgd": 0}
 # rows, what the exchange received, their gradients; the interaction and the MLPs' hidden
 # layers come on top. A rough allowance, not a trace.
 LOOKUP_BUFFERS = 3
-
-
-def training_bytes(weight_bytes: int, optimizer: str) -> int:
-    """A tensor's cost in training: weights + gradients + optimizer state."""
-    return weight_bytes * (2 + OPTIMIZER_STATE_COPIES[optimizer])
 
 
 def dlrm_plan(config, world_size: int, capacity_bytes: int | None = None,
@@ -37,9 +33,6 @@ def dlrm_plan(config, world_size: int, capacity_bytes: int | None = None,
     optimizer's temporaries for the largest table it updates (a row slice, when every table is
     split by rows).
     """
-    from labkit.models import build_model
-    from labkit.train.step import weight_dtype
-
     model = config.model
     if model.name != "dlrm":
         raise ValueError(f"tables are planned for the zoo's 'dlrm', not {model.name!r}")
@@ -99,9 +92,6 @@ class ModelParts:
 def model_parts(config) -> ModelParts:
     """Tables vs dense part of ``config`` (a TrainConfig of the zoo's DLRM), counted from a
     model built on the meta device (nothing allocated)."""
-    from labkit.models import build_model
-    from labkit.train.step import weight_dtype
-
     element = _element_size(weight_dtype(config.precision))
     meta = build_model(config.model, "meta")
     tables = sum(p.numel() for p in meta.tables.parameters()) * element

@@ -9,6 +9,9 @@ from labkit.memory.estimate import estimate_memory
 from labkit.memory.oom import DeviceOOM
 from labkit.memory.units import parse_bytes
 from labkit.models import count_parameters, sized
+from labkit.train.api import train
+from labkit.train.config import TrainConfig
+from labkit.train.sweep import run_cells
 
 
 @dataclass
@@ -59,34 +62,28 @@ def sweep_boundary(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_siz
                    steps: int = 2, **fields) -> BoundaryMap:
     """Train every (size, world size) cell for ``steps`` steps under the capacity.
 
-    ``sizes`` are parameter counts (each model is sized to about that many). The cluster is
-    resized for each world size and left at its original size afterwards.
+    ``sizes`` are parameter counts (each model is sized to about that many). Every cell is
+    checked before the first runs; the cluster is resized for each world size and left at
+    its original size afterwards. ``fields`` are TrainConfig's (``layout=`` too).
     """
-    from labkit.train import TrainConfig, train  # train imports memory: import here
-    from labkit.train.strategy import strategy_for
-
     capacity = parse_bytes(memory_per_device)
     result = BoundaryMap(model, strategy, capacity, global_batch)
-    original = cluster.world_size
-    configs = [TrainConfig(model=sized(model, int(float(s))), strategy=strategy,
-                           global_batch=global_batch, steps=steps, **fields) for s in sizes]
-    for world_size in world_sizes:  # check every cell before running any
-        strategy_for(strategy).check(world_size, global_batch)
-    try:
-        for world_size in world_sizes:
-            if cluster.world_size != world_size:
-                cluster.resize(world_size)
-            for config in configs:
-                estimate = estimate_memory(config, world_size)
-                try:
-                    report = train(cluster, config, memory_per_device=capacity, estimate=False)
-                    fits, peak = True, max(report.peak_bytes)
-                except DeviceOOM as oom:
-                    fits, peak = False, oom.in_use_bytes + oom.requested_bytes
-                result.cells.append(BoundaryCell(
-                    count_parameters(config.model), world_size, fits, peak,
-                    estimate.peak_bytes, estimate.fits(capacity)))
-    finally:
-        if cluster.world_size != original:
-            cluster.resize(original)
+    configs = [TrainConfig(model=sized(model, int(float(s))), global_batch=global_batch,
+                           steps=steps, **fields) for s in sizes]
+    if "layout" not in fields:
+        configs = [c.replace(strategy=strategy) for c in configs]
+    result.strategy = configs[0].label if configs else strategy
+    cells = [(n, config) for n in world_sizes for config in configs]
+
+    def run(cluster, config) -> BoundaryCell:
+        estimate = estimate_memory(config, cluster.world_size)
+        try:
+            report = train(cluster, config, memory_per_device=capacity, estimate=False)
+            fits, peak = True, max(report.peak_bytes)
+        except DeviceOOM as oom:
+            fits, peak = False, oom.in_use_bytes + oom.requested_bytes
+        return BoundaryCell(count_parameters(config.model), cluster.world_size, fits, peak,
+                            estimate.peak_bytes, estimate.fits(capacity))
+
+    result.cells = run_cells(cluster, cells, run)
     return result

@@ -1,52 +1,58 @@
-"""Estimate a rank's peak memory without allocating it, and the ZeRO paper's model states.
+"""Estimate a rank's peak memory without allocating it, for any layout.
 
-``estimate_memory`` runs the very training step that labkit measures (``train/step.py``) on
-*fake tensors*: PyTorch's ``FakeTensorMode`` gives every tensor a shape, dtype and device but
-no storage, and ``MemoryTracker`` counts the bytes each op would allocate, phase by phase. So
-the estimate follows what the step really holds at each moment (activations freed before the
-optimizer step, Adam's state created lazily at the first step), for any size: a 70B-parameter
-decoder costs a few seconds and no memory. Strategy-specific buffers that live outside the
-step (DDP's gradient buckets) are added from their documented size.
+``estimate_memory`` builds the run's model with the very build path that training uses
+(``labkit/build``: meta device, tensor parallel, pipeline split, FSDP2, the allocator) and runs
+its steps on *fake tensors*: PyTorch's ``FakeTensorMode`` gives every tensor a shape, dtype
+and device but no storage, and ``MemoryTracker`` counts the bytes each op would allocate,
+phase by phase. The process group is PyTorch's "fake" one (collectives do nothing), made for
+the rank being traced, so the engines (FSDP2's shards and padding, ZeRO's uneven split,
+DTensor's local shards) are the real ones. So the estimate follows what the step really holds
+at each moment (activations freed before the optimizer step, Adam's state created lazily at
+the first step), for any size: a 70B-parameter decoder costs a few seconds and no memory.
 
-``model_state_bytes`` is the analytic count of Rajbhandari et al., "ZeRO: Memory Optimizations
-Toward Training Trillion Parameter Models" (2020), section 3.1 and Figure 1.
+Ranks whose memory can differ are traced one by one (each pipeline stage; each rank of a
+group that shares embedding tables) and the highest peak is the estimate. A pipeline stage is
+stepped through its schedule's order (``pipeline_parallel/trace.py``). What lives outside the
+traced step is added from its documented size (DDP's gradient buckets: DDP does not run on
+fake tensors).
+
+The ZeRO paper's analytic count is ``labkit.costs.model_state_bytes``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
+import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from labkit.build import ParallelContext, build
+from labkit.comm.clock import HostClock
+from labkit.costs import model_state_bytes
+from labkit.layout.mesh import build_mesh
+from labkit.layout.presets import layout_for
+from labkit.layout.rules import check_run
 from labkit.memory.oom import CATEGORIES
 from labkit.memory.tracker import MemoryTracker, relabel_live
 from labkit.memory.units import format_bytes
+from labkit.models import example_batch, loss_fn
+from labkit.pipeline_parallel.trace import PipelineTrace
+from labkit.step.spmd import run_step
 
-# Bytes per parameter of model state (ZeRO paper, section 3.1): fp16 weights and gradients
-# (2 + 2) and K = 12 of fp32 optimizer state (master weights, momentum, variance) in mixed
-# precision; plain fp32 Adam holds 4 + 4 bytes and K = 8.
-_STATE_BYTES = {"mixed": (2, 2, 12), "fp32": (4, 4, 8)}
-
-
-def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
-                      precision: str = "mixed") -> dict[str, float]:
-    """Per-device bytes of parameters, gradients and Adam state under ZeRO stage 0-3."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError("zero_stage is 0 (plain data parallel), 1, 2 or 3")
-    p_bytes, g_bytes, k_bytes = _STATE_BYTES[precision]
-    n = world_size
-    out = {"parameters": p_bytes * n_params / (n if zero_stage >= 3 else 1),
-           "gradients": g_bytes * n_params / (n if zero_stage >= 2 else 1),
-           "optimizer": k_bytes * n_params / (n if zero_stage >= 1 else 1)}
-    out["total"] = sum(out.values())
-    return out
+__all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes"]
 
 
 @dataclass
 class MemoryEstimate:
-    """A rank's estimated peak: bytes by category at the peak, and the phase it falls in."""
+    """A rank's estimated peak: bytes by category at the peak, and the phase it falls in.
+
+    ``rank`` is the traced rank with the highest peak; ``per_rank`` the peak of every rank
+    traced (one per pipeline stage, or per rank of a table group; else rank 0 alone)."""
 
     strategy: str
     world_size: int
@@ -56,6 +62,8 @@ class MemoryEstimate:
     at_peak: dict[str, int]
     method: str = "traced on fake tensors"
     extras: dict[str, int] = field(default_factory=dict)
+    rank: int = 0
+    per_rank: dict[int, int] = field(default_factory=dict)
 
     def fits(self, capacity_bytes: int) -> bool:
         return self.peak_bytes <= capacity_bytes
@@ -68,85 +76,95 @@ class MemoryEstimate:
                        for c in CATEGORIES)
         return (f"<b>estimated peak per rank: {format_bytes(self.peak_bytes)}</b> "
                 f"({self.strategy} on {self.world_size}, {self.batch_per_rank} samples per "
-                f"rank, peak during {self.peak_phase}; {self.method})<table>{rows}</table>")
+                f"rank, peak during {self.peak_phase}, rank {self.rank}; {self.method})"
+                f"<table>{rows}</table>")
 
 
 @contextlib.contextmanager
-def _fake_group(world_size: int):
-    """A process group of ``world_size`` ranks that exists only in this process (PyTorch's
-    "fake" backend: collectives do nothing), so that a sharded engine can be set up and
-    traced as rank 0 of N without starting N processes."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+def _fake_group(world_size: int, rank: int):
+    """A process group that exists only in this process (PyTorch's "fake" backend), as rank
+    ``rank`` of ``world_size``. ``init_process_group`` also wraps ``sys.excepthook`` to
+    prefix errors with "[rank0]:" and ``destroy_process_group`` leaves it: put it back."""
     if dist.is_initialized():
-        raise RuntimeError("estimate_memory traces sharded strategies in a process without a "
-                           "process group; call it from the notebook, not from a rank")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        raise RuntimeError("estimate_memory traces on a fake process group of its own; call it "
+                           "from the notebook (or before init_process_group), not from a rank")
+    excepthook = sys.excepthook
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
-def _traced_step_peak(config, batch_size: int, world_size: int = 1, steps: int = 2) -> dict:
-    """Peak of ``steps`` steps of ``config`` (a TrainConfig) on rank 0 of ``world_size``, on
-    fake tensors. Sharded strategies build their real engine (FSDP2's ``fully_shard``, ZeRO's
-    optimizer) on a fake process group, so their shards are the ones a run holds."""
-    import torch
-
-    from labkit.models import example_batch, loss_fn
-    from labkit.train.step import run_step
-    from labkit.train.strategy import strategy_for
-
-    strategy = strategy_for(config.strategy)
-    group = _fake_group(world_size) if strategy.sharded else contextlib.nullcontext()
-    with group, FakeTensorMode(), MemoryTracker(count_fake=True) as tracker:
-        ctx = SimpleNamespace(rank=0, world_size=world_size, device=torch.device("cpu"),
-                              memory=tracker, estimating=True)
-        model = strategy.build(ctx, config)
-        optimizer = strategy.make_optimizer(model, config)
-        tracker.track_external(model, optimizer)
-        relabel_live(tracker)
-        if strategy.sharded:
-            # The first DTensor op of each kind fills DTensor's sharding-propagation cache by
-            # running the op on fake tensors of the whole size. A real run does not count
-            # those (the tracker skips fake tensors there); here every tensor is fake, so they
-            # would be counted. One more step, and the peak of the later ones.
-            steps += 1
-        for step in range(steps):  # the second step holds optimizer state from the first
-            if strategy.sharded and step == 1:
-                tracker.reset_peak()
-            run_step(model, example_batch(config.model, batch_size), loss_fn(config.model),
-                     optimizer, config.precision, micro_batches=config.micro_batches)
-        return tracker.report()
+def _traced_ranks(layout) -> list[int]:
+    """Ranks whose memory may differ: one per pipeline stage, one per rank of a group that
+    shares embedding tables; the others hold what one of these holds."""
+    stages = range(layout.pp)
+    shards = range(layout.fsdp) if layout.tables is not None else [0]
+    return sorted({layout.rank_at(pp=p, fsdp=f) for p in stages for f in shards})
 
 
-def _ddp_bucket_bytes(config) -> int:
-    """DDP keeps one flat bucket buffer per bucket: as many bytes as the parameters."""
-    from labkit.models import count_parameters
+def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
+    """The training steps on fake tensors; the peak of the last ones."""
+    steps = 2  # the second step holds the optimizer state the first one made
+    if any(isinstance(p, DTensor) for part in built.parts for p in part.parameters()):
+        # The first DTensor op of each kind fills DTensor's sharding-propagation cache by
+        # running the op on fake tensors of the whole size. A real run does not count those
+        # (the tracker skips fake tensors there); here every tensor is fake, so they would
+        # be counted. One more step, and the peak of the later ones.
+        steps += 1
+    pipeline = None
+    if built.pipeline is not None:
+        pipeline = PipelineTrace(built, config, layout, run.coordinate("pp"),
+                                 [run.coordinate("pp") + v * layout.pp
+                                  for v in range(layout.stages_per_rank)])
+    for step in range(steps):
+        if step == steps - 2:
+            tracker.reset_peak()
+        batch = example_batch(config.model, batch_size)
+        if pipeline is not None:
+            pipeline.step(batch, built.optimizer, built.sync_gradients)
+        else:
+            run_step(built.model, batch, loss_fn(config.model), built.optimizer,
+                     config.precision, built.sync_gradients,
+                     micro_batches=config.micro_batches, no_sync=built.no_sync)
 
-    element = 2 if config.precision == "bf16" else 4
-    return count_parameters(config.model) * element
+
+def _trace(config, layout, world_size: int, rank: int) -> dict:
+    """Peak of the training steps of ``config`` on rank ``rank``, on fake tensors."""
+    batch_size = config.global_batch // layout.data_size
+    with _fake_group(world_size, rank):
+        mesh = build_mesh(layout, "cpu")  # its groups go with the fake group
+        # Real inputs allowed: the model is built on the meta device before fake tensors.
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        with fake, MemoryTracker(count_fake=True) as tracker:
+            run = ParallelContext(rank, world_size, torch.device("cpu"), tracker, layout, mesh,
+                                  HostClock())
+            built = build(run, config)
+            tracker.track_external(*built.modules, built.optimizer)
+            relabel_live(tracker)
+            _steps(config, layout, built, run, batch_size, tracker)
+            report = tracker.report()
+    report["untraced_bytes"] = built.untraced_bytes
+    return report
 
 
 def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     """Estimated peak bytes per rank for training ``config`` (a ``TrainConfig``) on
-    ``world_size`` ranks. Nothing is allocated; any model size works."""
-    from labkit.train.strategy import strategy_for
-
-    strategy = strategy_for(config.strategy)
-    if not strategy.estimable:
-        raise ValueError(f"estimate_memory does not know strategy {config.strategy!r} yet "
-                         "(it traces single-device, data-parallel and sharded data-parallel steps)")
-    strategy.check(world_size, config.global_batch, config.micro_batches)
-    batch = config.global_batch // world_size if strategy.shards_batch else config.global_batch
-    traced = _traced_step_peak(config, batch, world_size)
+    ``world_size`` ranks, with its layout (or its strategy's preset). Nothing is allocated
+    and no rank starts; any model size works."""
+    layout = layout_for(config, world_size)
+    check_run(config, layout, world_size)
+    traces = {rank: _trace(config, layout, world_size, rank) for rank in _traced_ranks(layout)}
+    totals = {rank: t["peak_bytes"] + t["untraced_bytes"] for rank, t in traces.items()}
+    worst = max(totals, key=totals.get)
+    traced = traces[worst]
     at_peak = {c: int(traced["at_peak"][c]) for c in CATEGORIES}
     extras = {}
-    if config.strategy in ("ddp", "zero1"):  # DDP allocates its buckets even on one rank
-        extras["ddp_buckets"] = _ddp_bucket_bytes(config)
-        at_peak["other"] += extras["ddp_buckets"]
-    return MemoryEstimate(config.strategy, world_size, batch, sum(at_peak.values()),
-                          traced["peak_phase"], at_peak, extras=extras)
-
+    if traced["untraced_bytes"]:  # DDP allocates its buckets even on one rank
+        extras["ddp_buckets"] = traced["untraced_bytes"]
+        at_peak["other"] += traced["untraced_bytes"]
+    return MemoryEstimate(config.label, world_size, config.global_batch // layout.data_size,
+                          sum(at_peak.values()), traced["peak_phase"], at_peak, extras=extras,
+                          rank=worst, per_rank=totals)

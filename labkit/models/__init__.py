@@ -4,6 +4,7 @@ typed config, each with deterministic synthetic data from a hidden teacher (noth
 from labkit.models.dlrm import DLRM, DLRMConfig
 from labkit.models.gpt import GPT, GPTConfig
 from labkit.models.mlp import MLP, MLPConfig
+from labkit.models.plan import ParallelPlan
 from labkit.models.zoo import (
     BIG_DECODERS,
     GPT_7B,
@@ -13,12 +14,15 @@ from labkit.models.zoo import (
     config_for,
     count_parameters,
     example_batch,
+    local_slice,
     loss_fn,
     make_batch,
+    plan_for,
     sized,
     to_device,
 )
 
 __all__ = ["BIG_DECODERS", "DLRM", "GPT", "GPT_7B", "GPT_70B", "MLP", "DLRMConfig", "GPTConfig",
-           "MLPConfig", "ModelConfig", "build_model", "config_for", "count_parameters",
-           "example_batch", "loss_fn", "make_batch", "sized", "to_device"]
+           "MLPConfig", "ModelConfig", "ParallelPlan", "build_model", "config_for",
+           "count_parameters", "example_batch", "local_slice", "loss_fn", "make_batch",
+           "plan_for", "sized", "to_device"]

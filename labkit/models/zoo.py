@@ -10,12 +10,18 @@ import torch
 from torch import nn
 
 from labkit.models.dlrm import DLRM, DLRMConfig, dlrm_batch
+from labkit.models.dlrm_plan import DLRMPlan
 from labkit.models.gpt import GPT, GPTConfig, gpt_batch
+from labkit.models.gpt_plan import GPTPlan
 from labkit.models.mlp import MLP, MLPConfig, mlp_batch
+from labkit.models.mlp_plan import MLPPlan
+from labkit.models.plan import ParallelPlan
 
 ModelConfig = MLPConfig | GPTConfig | DLRMConfig
 
-_ZOO = {MLPConfig: (MLP, mlp_batch), GPTConfig: (GPT, gpt_batch), DLRMConfig: (DLRM, dlrm_batch)}
+# config type -> (model class, data maker, parallel plan)
+_ZOO = {MLPConfig: (MLP, mlp_batch, MLPPlan()), GPTConfig: (GPT, gpt_batch, GPTPlan()),
+        DLRMConfig: (DLRM, dlrm_batch, DLRMPlan())}
 _CONFIGS = {"mlp": MLPConfig, "gpt": GPTConfig, "dlrm": DLRMConfig}
 # The width each family scales when sized by parameter count, and how it must be rounded.
 _WIDTH = {"mlp": ("d_hidden", 8), "gpt": ("d_model", 32), "dlrm": ("rows_per_table", 1)}
@@ -37,9 +43,11 @@ def build_model(config: ModelConfig, device: Any = "cpu", seed: int = 0,
                 dtype: torch.dtype = torch.float32) -> nn.Module:
     """The model for ``config``; the same ``seed`` gives the same weights on every rank.
 
-    Weights are created directly in ``dtype`` on ``device`` (no float32 copy on the way).
+    Weights are created directly in ``dtype`` on ``device`` (no float32 copy on the way),
+    drawn from the CPU generator: training builds on "cpu" (values) and "meta" (shapes) only,
+    so one seed gives the same weights whatever the layout or device.
     """
-    model_class, _ = _ZOO[type(config)]
+    model_class = _ZOO[type(config)][0]
     default_dtype = torch.get_default_dtype()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -51,9 +59,23 @@ def build_model(config: ModelConfig, device: Any = "cpu", seed: int = 0,
             torch.set_default_dtype(default_dtype)
 
 
+def plan_for(config: ModelConfig) -> ParallelPlan:
+    """How ``config``'s model is split by each parallelism (``labkit/models/*_plan.py``)."""
+    return _ZOO[type(config)][2]
+
+
 def make_batch(config: ModelConfig, step: int, batch_size: int, seed: int = 0):
     """The global batch for ``step``: (inputs, targets), deterministic, on the CPU."""
     return _ZOO[type(config)][1](config, step, batch_size, seed)
+
+
+def local_slice(value, index: int, parts: int):
+    """Slice ``index`` of ``parts`` equal slices of a batch (a tensor or a tuple of tensors):
+    what data-parallel rank ``index`` trains on."""
+    if isinstance(value, tuple):
+        return tuple(local_slice(v, index, parts) for v in value)
+    share = value.shape[0] // parts
+    return value[index * share:(index + 1) * share]
 
 
 def loss_fn(config: ModelConfig):

@@ -4,32 +4,46 @@ from __future__ import annotations
 
 import time
 
-# Wall-clock time (time.time) is shared by every process on a machine, so the events of all
-# ranks can be drawn on one axis.
-clock = time.time
 
+class StageTimeline:
+    """The forward ("F") and backward ("B") chunks a rank's stages ran in a step, timed with
+    the step's clock (``comm/clock.py``: device time on GPUs), reported in wall-clock seconds
+    (``time.time``, shared by every process on a machine, so that the timelines of all
+    ranks can be drawn on one axis)."""
 
-def record(events: list, kind: str, microbatch: int, start: float, end: float,
-           stage: int | None = None) -> None:
-    events.append({"kind": kind, "microbatch": microbatch, "start": start, "end": end,
-                   "stage": stage})
+    def __init__(self, clock):
+        self.clock = clock
+        self._raw: list[tuple] = []
 
+    def record(self, kind: str, microbatch: int, start, end, stage: int | None = None) -> None:
+        """One chunk between two of the clock's marks."""
+        self._raw.append((kind, microbatch, start, end, stage))
 
-def instrument_stage(stage, events: list) -> None:
-    """Record every ``forward_one_chunk`` / ``backward_one_chunk`` of a torch.distributed
-    .pipelining stage. These are private methods of torch 2.13's ``_PipelineStageBase``
-    (pinned; ``tests/test_pipeline_parallel.py`` checks the recorded timeline)."""
-    for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
-        original = getattr(stage, name)
+    def instrument(self, stage) -> None:
+        """Record every ``forward_one_chunk`` / ``backward_one_chunk`` of a
+        torch.distributed.pipelining stage. These are private methods of torch 2.13's
+        ``_PipelineStageBase`` (pinned; ``tests/test_pipeline_parallel.py`` checks the
+        recorded timeline)."""
+        for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
+            original = getattr(stage, name)
 
-        def timed(chunk_id, *args, _original=original, _kind=kind, **kwargs):
-            start = clock()
-            try:
-                return _original(chunk_id, *args, **kwargs)
-            finally:
-                record(events, _kind, chunk_id, start, clock(), stage.stage_index)
+            def timed(chunk_id, *args, _original=original, _kind=kind, **kwargs):
+                start = self.clock.mark()
+                try:
+                    return _original(chunk_id, *args, **kwargs)
+                finally:
+                    self.record(_kind, chunk_id, start, self.clock.mark(), stage.stage_index)
 
-        setattr(stage, name, timed)
+            setattr(stage, name, timed)
+
+    def take(self) -> list[dict]:
+        """The step's events (after the clock synchronized), and a fresh start."""
+        raw, self._raw = self._raw, []
+        to_wall = time.time() - time.perf_counter()
+        seconds = self.clock.seconds
+        return [{"kind": kind, "microbatch": mb, "start": seconds(a) + to_wall,
+                 "end": seconds(b) + to_wall, "stage": stage}
+                for kind, mb, a, b, stage in raw]
 
 
 def bubble_fraction(timelines: list[list[dict]]) -> float:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from labkit.embedding_parallel.results import auc_curve, memory_by_part, time_split
 from labkit.memory.units import format_bytes
-from labkit.plots.memory import _scale
+from labkit.plots.memory import _scale, plot_memory_bars
 
 PART_COLORS = {"tables": "#4C72B0", "dense": "#55A868", "rest": "#C8C8C8"}
 PART_LABELS = {"tables": "tables (weights + gradients + optimizer)",
@@ -29,7 +30,6 @@ def plot_table_memory(reports: dict, capacity_bytes: int | None = None,
                       title: str = "memory per rank, measured") -> Figure:
     """Stacked bars for every rank of sharded runs (``{label: TrainReport}``): tables, dense
     part, and the rest of the rank's measured peak."""
-    from labkit.embedding_parallel.results import memory_by_part  # loads only when used
 
     bars = [(f"{label}\nrank {part['rank']}", part) for label, report in reports.items()
             for part in memory_by_part(report)]
@@ -82,7 +82,6 @@ def plot_plan(plan, title: str = "") -> Figure:
 def plot_training(reports: dict) -> Figure:
     """Loss per step and held-out AUC (before training, then after every step) of sharded
     runs (``{label: TrainReport}``)."""
-    from labkit.embedding_parallel.results import auc_curve
 
     fig = Figure(figsize=(10, 3.4), layout="constrained")
     ax_loss, ax_auc = fig.subplots(1, 2)
@@ -105,7 +104,6 @@ def plot_training(reports: dict) -> Figure:
 def plot_step_split(reports: dict, epoch_samples: int, where: str = "measured here") -> Figure:
     """Left: a median step split into lookups, communication and the rest (a run without the
     split, e.g. one device, is one grey bar). Right: seconds per epoch of ``epoch_samples``."""
-    from labkit.embedding_parallel.results import time_split
 
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     ax_step, ax_epoch = fig.subplots(1, 2)
@@ -142,7 +140,6 @@ def plot_step_split(reports: dict, epoch_samples: int, where: str = "measured he
 def plot_ooms(ooms: dict, capacity_bytes: int | None = None) -> Figure:
     """What each run had in use, by category, when it ran out of memory (``{label:
     DeviceOOM or None}``; None, a run that fitted, is left out), the failed allocation on top."""
-    from labkit.plots.memory import plot_memory_bars
 
     bars = [{"label": f"{label}\nrank {oom.rank}", "breakdown": oom.breakdown, "oom": True,
              "requested": oom.requested_bytes} for label, oom in ooms.items() if oom is not None]

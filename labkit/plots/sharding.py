@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from labkit.memory.estimate import model_state_bytes
+from labkit.costs import model_state_bytes
 from labkit.memory.units import format_bytes
 from labkit.plots.memory import _scale, plot_boundary, plot_memory_bars
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from labkit.memory.oom import CATEGORIES
+from labkit.models import count_parameters
+from labkit.train.api import train
+from labkit.train.sweep import run_cells
 
 
 @dataclass
@@ -69,7 +72,7 @@ def _row(report) -> ShardingRow:
     highest = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])
     split = report.split()
     last = report.ranks[0]["records"][-1]
-    return ShardingRow(report.config.strategy, report.world_size,
+    return ShardingRow(report.config.label, report.world_size,
                        highest["memory"]["peak_bytes"],
                        {c: highest["memory"]["at_peak"][c] for c in CATEGORIES},
                        report.estimate["peak_bytes"], last["comm_kinds"], last["comm_bytes"],
@@ -81,24 +84,10 @@ def _row(report) -> ShardingRow:
 def compare_sharding(cluster, config, strategies=("ddp", "zero1", "fsdp"),
                      world_sizes=(1, 2, 4)) -> ShardingComparison:
     """Train ``config`` (a TrainConfig) with every strategy on every world size (the cluster
-    is resized as needed, and put back), measuring memory, traffic and time."""
-    from labkit.models import count_parameters
-    from labkit.train.api import train
-    from labkit.train.strategy import strategy_for
-
-    for name in strategies:  # every cell is checked before any runs
-        for world_size in world_sizes:
-            strategy_for(name).check(world_size, config.global_batch, config.micro_batches)
-    result = ShardingComparison(config.model.name, count_parameters(config.model),
-                                config.global_batch)
-    original = cluster.world_size
-    try:
-        for world_size in sorted(world_sizes):
-            if cluster.world_size != world_size:
-                cluster.resize(world_size)
-            for name in strategies:
-                result.rows.append(_row(train(cluster, config.replace(strategy=name))))
-    finally:
-        if cluster.world_size != original:
-            cluster.resize(original)
-    return result
+    is resized as needed, and put back), measuring memory, traffic and time. Every cell is
+    checked before the first one runs."""
+    cells = [(n, config.replace(strategy=name)) for n in sorted(world_sizes)
+             for name in strategies]
+    reports = run_cells(cluster, cells, train)
+    return ShardingComparison(config.model.name, count_parameters(config.model),
+                              config.global_batch, [_row(r) for r in reports])

@@ -1,20 +1,18 @@
 """ZeRO stage 1 (Rajbhandari et al., 2020): DDP for the gradients, optimizer state sharded.
 
-PyTorch's ``ZeroRedundancyOptimizer`` gives each rank a subset of the parameters to update:
-rank r keeps Adam's momentum and variance only for its subset (1/N of the state, give or take
-the size of whole tensors), steps them, and then broadcasts its updated parameters to the
-other ranks. So gradients are still AllReduced in full (as DDP does) and every rank still
-holds all parameters and gradients; what shrinks is the optimizer state, and the price is one
-broadcast of all parameters per step.
+PyTorch's ``ZeroRedundancyOptimizer`` gives each rank of the replica group a subset of the
+parameters to update: rank r keeps Adam's momentum and variance only for its subset (1/N of
+the state, give or take the size of whole tensors), steps them, and then broadcasts its
+updated parameters to the other ranks. So gradients are still AllReduced in full (as DDP
+does) and every rank still holds all parameters and gradients; what shrinks is the optimizer
+state, and the price is one broadcast of all parameters per step.
 """
 
 from __future__ import annotations
 
-from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from labkit.data_parallel.ddp import DDPStrategy
-from labkit.train.step import OPTIMIZERS
+from labkit.optim import OPTIMIZERS
 
 
 def zero1_partition(sizes: list[int], world_size: int) -> list[list[int]]:
@@ -29,15 +27,8 @@ def zero1_partition(sizes: list[int], world_size: int) -> list[list[int]]:
     return owned
 
 
-class Zero1Strategy(DDPStrategy):
-    """DDP's model wrapper (bucketed AllReduce overlapped with backward; the broadcasts come
-    after backward) with ZeRO's optimizer."""
-
-    name = "zero1"
-    sharded = True
-
-    def make_optimizer(self, model: nn.Module, config):
-        # foreach=False as in train/step.py: one parameter at a time, same memory everywhere.
-        return ZeroRedundancyOptimizer(model.parameters(),
-                                       optimizer_class=OPTIMIZERS[config.optimizer],
-                                       lr=config.lr, foreach=False)
+def zero1_optimizer(params, optimizer: str, lr: float, group) -> ZeroRedundancyOptimizer:
+    """``optimizer`` with its state sharded over ``group`` (foreach=False as everywhere: one
+    parameter at a time, the same memory on every device)."""
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=OPTIMIZERS[optimizer], lr=lr,
+                                   process_group=group, foreach=False)

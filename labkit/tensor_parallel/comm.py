@@ -21,33 +21,35 @@ import torch.distributed as dist
 
 class _CopyToParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
-        dist.all_reduce(grad)
-        return grad
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class _ReduceFromParallelRegion(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         x = x.contiguous()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
-def copy_to_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """f: copy forward, all-reduce backward."""
-    return _CopyToParallelRegion.apply(x)
+def copy_to_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """f: copy forward, all-reduce backward, over the tensor-parallel ``group`` (None: all
+    ranks)."""
+    return _CopyToParallelRegion.apply(x, group)
 
 
-def reduce_from_parallel_region(x: torch.Tensor) -> torch.Tensor:
-    """g: all-reduce forward, copy (identity) backward."""
-    return _ReduceFromParallelRegion.apply(x)
+def reduce_from_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """g: all-reduce forward, copy (identity) backward, over the tensor-parallel ``group``."""
+    return _ReduceFromParallelRegion.apply(x, group)

@@ -59,12 +59,12 @@ def _split_on_rank(ctx, x: torch.Tensor, w: torch.Tensor) -> dict:
     # By columns: the whole X, this rank's columns of W.
     block = x @ w.chunk(n, dim=1)[r]  # (m, n_cols / N)
     blocks = [torch.empty_like(block) for _ in range(n)]
-    dist.all_gather(blocks, block)
+    dist.all_gather(blocks, block, group=ctx.group)
     joined = torch.cat(blocks, dim=1)  # (m, n_cols)
     # By rows: this rank's block of the inner dimension, in X's columns and W's rows.
     partial = x.chunk(n, dim=1)[r] @ w.chunk(n, dim=0)[r]  # (m, n_cols): a share of the sum
     summed = partial.clone()
-    dist.all_reduce(summed)
+    dist.all_reduce(summed, group=ctx.group)
     return {"block": block.cpu(), "column": joined.cpu(), "partial": partial.cpu(),
             "row": summed.cpu()}
 

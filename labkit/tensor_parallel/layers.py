@@ -30,33 +30,36 @@ def _shard(tensor: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.
 class ColumnParallelLinear(nn.Module):
     """This rank's slice of the output features. Input: whole; output: this rank's slice."""
 
-    def __init__(self, linear: nn.Linear, rank: int, world_size: int):
+    def __init__(self, linear: nn.Linear, rank: int, world_size: int, group=None):
         super().__init__()
+        self.group = group  # the tensor-parallel group (None: all ranks)
         self.weight = nn.Parameter(_shard(linear.weight.detach(), 0, rank, world_size))
         self.bias = (nn.Parameter(_shard(linear.bias.detach(), 0, rank, world_size))
                      if linear.bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_parallel_region(x)  # (batch, in): whole on every rank
+        x = copy_to_parallel_region(x, self.group)  # (batch, in): whole on every rank
         return F.linear(x, self.weight, self.bias)  # (batch, out / N)
 
 
 class RowParallelLinear(nn.Module):
     """This rank's slice of the input features. Input: this rank's slice; output: whole."""
 
-    def __init__(self, linear: nn.Linear, rank: int, world_size: int):
+    def __init__(self, linear: nn.Linear, rank: int, world_size: int, group=None):
         super().__init__()
+        self.group = group  # the tensor-parallel group (None: all ranks)
         self.weight = nn.Parameter(_shard(linear.weight.detach(), 1, rank, world_size))
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # (batch, out): this rank's share of the sum
-        y = reduce_from_parallel_region(partial)
+        y = reduce_from_parallel_region(partial, self.group)
         return y + self.bias if self.bias is not None else y
 
 
-def parallel_mlp(mlp: nn.Sequential, rank: int, world_size: int) -> nn.Sequential:
-    """Linear, activation, Linear -> column-parallel, activation, row-parallel."""
+def parallel_mlp(mlp: nn.Sequential, rank: int, world_size: int, group=None) -> nn.Sequential:
+    """Linear, activation, Linear -> column-parallel, activation, row-parallel (rank ``rank``
+    of the ``world_size`` ranks of ``group``)."""
     first, activation, second = mlp
-    return nn.Sequential(ColumnParallelLinear(first, rank, world_size), activation,
-                         RowParallelLinear(second, rank, world_size))
+    return nn.Sequential(ColumnParallelLinear(first, rank, world_size, group), activation,
+                         RowParallelLinear(second, rank, world_size, group))

@@ -2,9 +2,9 @@
 collective, in the forward or the backward pass, how many bytes, for how long.
 
 A training record says how many collectives a step issued; this says where. One forward and
-backward of the ``tp`` strategy's model runs under ``comm/intercept.py``'s CollectiveMeter
-(the same meter training uses), and hooks on the split layers name the layer each
-collective belongs to:
+backward of the ``tp`` strategy's model (built by the training path, ``labkit/build``) runs
+under ``comm/intercept.py``'s CollectiveMeter (the same meter and clock training uses: device
+time on GPUs), and hooks on the split layers name the layer each collective belongs to:
 
 * forward: from a layer's forward pre-hook to its forward hook, registered around DTensor's
   own hooks, so the row-wise layer's output AllReduce counts as that layer's;
@@ -21,30 +21,30 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit.build import build, parallel_context
 from labkit.comm.intercept import CollectiveMeter
+from labkit.comm.meter import CommMeter
+from labkit.layout.presets import preset
 from labkit.memory.capacity import on_host
-from labkit.models import loss_fn, make_batch, to_device
+from labkit.models import loss_fn, make_batch, plan_for, to_device
+from labkit.tensor_parallel.tradeoffs import check_tp_degree
 from labkit.train.config import TrainConfig
 
 OUTSIDE = "(between split layers)"
 
 
-class _LayerMeter:
-    """Stands in for a CommMeter: CollectiveMeter calls ``record``; each collective is filed
-    under the layer and pass that were running when it completed."""
+class _LayerMeter(CommMeter):
+    """The step's meter, with each collective filed (its ``tag``) under the layer and pass
+    that were running when it completed."""
 
-    def __init__(self):
-        self.layer, self.phase, self.rows = OUTSIDE, "forward", []
+    def __init__(self, clock, label):
+        super().__init__(clock, label)
+        self.tag = (OUTSIDE, "forward")
         self.shapes: dict[tuple[str, str], list[int]] = {}  # (layer, pass) -> tensor shape
-
-    def record(self, nbytes: int, start: float, end: float, kind: str = "all_reduce",
-               group_size: int = 2) -> None:
-        self.rows.append({"layer": self.layer, "phase": self.phase, "kind": kind,
-                          "bytes": nbytes, "seconds": end - start})
 
     def at(self, layer: str, phase: str):
         def mark(*_):
-            self.layer, self.phase = layer, phase
+            self.tag = (layer, phase)
         return mark
 
 
@@ -72,26 +72,25 @@ def _hook_layers(model: torch.nn.Module, names: list[str], meter: _LayerMeter) -
 
 
 def _layer_comm_on_rank(ctx, config_dict: dict) -> list[dict]:
-    from labkit.tensor_parallel.strategy import TensorParallelStrategy, tp_plan
-
     config = TrainConfig.from_dict(config_dict)
-    model = TensorParallelStrategy().build(ctx, config)
+    run = parallel_context(ctx, preset("tp", ctx.world_size))
+    model = build(run, config).model
     with on_host():
         inputs, targets = make_batch(config.model, 0, config.global_batch, config.seed)
     inputs, targets = to_device((inputs, targets), ctx.device)
     loss = loss_fn(config.model)
     loss(model(inputs), targets).backward()  # warm-up: the first collectives set up links
-    meter = _LayerMeter()
-    handles = _hook_layers(model, list(tp_plan(model)), meter)
+    meter = _LayerMeter(run.clock, run.labels)
+    handles = _hook_layers(model, list(plan_for(config.model).tp_styles(model)), meter)
     try:
-        with CollectiveMeter(meter):
+        with CollectiveMeter(meter):  # settles on leaving
             loss(model(inputs), targets).backward()
     finally:
         for handle in handles:
             handle.remove()
-    for row in meter.rows:
-        row["shape"] = meter.shapes.get((row["layer"], row["phase"]))
-    return meter.rows
+    return [{"layer": layer, "phase": phase, "kind": kind, "bytes": nbytes,
+             "seconds": end - start, "shape": meter.shapes.get((layer, phase))}
+            for _, kind, nbytes, _, start, end, (layer, phase) in meter.entries]
 
 
 @dataclass
@@ -145,8 +144,6 @@ def _grouped(rows: list[dict]) -> list[dict]:
 def comm_per_layer(cluster, config: TrainConfig | None = None, **fields) -> LayerComm:
     """Count and time the collectives of one ``tp`` training step per split layer, on every
     rank of ``cluster``. ``fields`` are TrainConfig's (model, global_batch, seed...)."""
-    from labkit.tensor_parallel.tradeoffs import check_tp_degree
-
     config = (config or TrainConfig()).replace(strategy="tp", **fields)
     check_tp_degree(config.model, cluster.world_size)
     ranks = cluster.run(_layer_comm_on_rank, config.to_dict())

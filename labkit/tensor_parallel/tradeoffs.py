@@ -14,24 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.models import GPTConfig, MLPConfig
+from labkit.models import count_parameters, plan_for
 from labkit.train.api import train
 from labkit.train.config import TrainConfig
+from labkit.train.sweep import run_cells
 
 
 def check_tp_degree(model_config, degree: int) -> None:
-    """Raise ValueError, before any process starts, if the ``tp`` strategy cannot split
-    ``model_config``'s layers evenly over ``degree`` ranks."""
+    """Raise ValueError, before any process starts, if tensor parallelism cannot split
+    ``model_config``'s layers evenly over ``degree`` ranks (the model's plan says)."""
     if degree < 1:
         raise ValueError(f"a tensor-parallel degree must be at least 1, not {degree}")
-    if isinstance(model_config, MLPConfig) and model_config.d_hidden % degree:
-        raise ValueError(f"the MLP's width d_hidden={model_config.d_hidden} does not split "
-                         f"over {degree} ranks: choose a degree that divides it")
-    if isinstance(model_config, GPTConfig) and model_config.n_heads % degree:
-        raise ValueError(f"{model_config.n_heads} attention heads do not split over {degree} "
-                         "ranks: choose a degree that divides n_heads")
-    if not isinstance(model_config, (MLPConfig, GPTConfig)):
-        raise ValueError("tensor parallelism here splits the zoo's 'mlp' and 'gpt'")
+    plan = plan_for(model_config)
+    if not plan.splits_tensors:
+        raise ValueError(f"tensor parallelism here splits the zoo's 'mlp' and 'gpt', not "
+                         f"{plan.family!r}")
+    plan.check_tp(model_config, degree)
 
 
 @dataclass
@@ -74,19 +72,17 @@ def compare_with_ddp(cluster, config: TrainConfig, batches=(32, 256, 1024)) -> T
     """Train ``config``'s model with ``tp`` and with ``ddp`` on every rank of ``cluster`` at
     each global batch in ``batches``, without a memory cap (DDP holds the whole model on
     every rank); return the bytes, calls and time per step each measured."""
-    from labkit.models import count_parameters
-
     world_size = cluster.world_size
     check_tp_degree(config.model, world_size)
     bad = [b for b in batches if b % world_size]
     if world_size < 2 or bad:
         raise ValueError(f"compare_with_ddp needs at least 2 ranks and batches that split "
                          f"over {world_size} ranks (not {bad})")
-    rows = []
-    for batch in sorted(batches):
-        for strategy in ("tp", "ddp"):
-            report = train(cluster, config, strategy=strategy, global_batch=batch,
-                           memory_per_device=None, estimate=False)
-            rows.append(_row(report, strategy, batch))
+    cells = [(world_size, config.replace(strategy=strategy, global_batch=batch))
+             for batch in sorted(batches) for strategy in ("tp", "ddp")]
+    reports = run_cells(cluster, cells, lambda c, cell: train(
+        c, cell, memory_per_device=None, estimate=False))
+    rows = [_row(report, cell.strategy, cell.global_batch)
+            for (_, cell), report in zip(cells, reports, strict=True)]
     return TPvsDDP(config.model.name, count_parameters(config.model), world_size,
                    cluster.device, cluster.oversubscribed, rows)

@@ -1,14 +1,25 @@
-"""``labkit.train``: train a zoo model with a named strategy on a cluster, get a report."""
+"""``labkit.train``: train a zoo model with a layout (or a strategy's preset) on a cluster."""
 
 from __future__ import annotations
 
+from labkit.layout.presets import layout_for
+from labkit.layout.rules import check_run
 from labkit.memory.estimate import estimate_memory
 from labkit.train.config import TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
-from labkit.train.strategy import strategy_for
 
 _UNSET = object()
+
+
+def checked(cluster, config: TrainConfig | None = None, world_size: int | None = None,
+            **fields) -> TrainConfig:
+    """``config`` with ``fields`` replaced, checked for ``world_size`` ranks of ``cluster``
+    (default: its current size) before any process starts."""
+    config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
+    n = cluster.world_size if world_size is None else world_size
+    check_run(config, layout_for(config, n), n, cluster.device, cluster.backend)
+    return config
 
 
 def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSET,
@@ -16,15 +27,16 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     """Train on every rank of ``cluster`` and return a :class:`TrainReport`.
 
         report = labkit.train(cluster, model="mlp", strategy="ddp", global_batch=256, steps=10)
+        report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
-    ``fields`` are those of :class:`TrainConfig` (model, strategy, global_batch, steps, lr,
-    optimizer, precision, seed, bucket_cap_mb). ``memory_per_device`` overrides the
-    cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory.
+    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout, global_batch,
+    steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights).
+    ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
+    checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
+    when a rank runs out of memory. ``estimate``: trace the peak per rank beside the
+    measurement (``labkit.estimate_memory``).
     """
-    config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
-    strategy = strategy_for(config.strategy)
-    strategy.check(cluster.world_size, config.global_batch, config.micro_batches)
-    strategy.check_model(config.model, cluster.world_size)
+    config = checked(cluster, config, **fields)
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device
@@ -32,8 +44,6 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     finally:
         cluster.memory_per_device = saved
-    est = None
-    if estimate and strategy.estimable:
-        est = estimate_memory(config, cluster.world_size).to_dict()
+    est = estimate_memory(config, cluster.world_size).to_dict() if estimate else None
     return TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                        ranks.oversubscribed, list(ranks), est)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from labkit.layout.layout import Layout
+from labkit.layout.presets import check_strategy
 from labkit.models import MLPConfig, ModelConfig, config_for
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -17,10 +19,13 @@ class TrainConfig:
 
     Attributes:
         model: a zoo config (``labkit.models.MLPConfig()``...) or a zoo name ("mlp").
-        strategy: a name from ``labkit.train.strategy.STRATEGIES``: "single" (one device),
-            data parallel "naive_dp", "ddp"; sharded "zero1", "fsdp"; pipelines
-            "naive_pipeline", "gpipe", "1f1b", "interleaved_1f1b"; tensor parallel "tp";
-            embedding tables "table_wise", "row_wise" (and "row_wise_dtensor").
+        strategy: a preset layout over all the ranks, by name (``labkit.layout.STRATEGIES``):
+            "single" (one device), data parallel "naive_dp", "ddp"; sharded "zero1", "fsdp";
+            pipelines "naive_pipeline", "gpipe", "1f1b", "interleaved_1f1b"; tensor
+            parallel "tp"; embedding tables "table_wise", "row_wise" (and
+            "row_wise_dtensor").
+        layout: a ``labkit.Layout`` instead of a strategy name (parallelisms composed:
+            ``Layout(fsdp=2, tp=2)``); its degrees must multiply to the rank count.
         global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
         steps: optimizer steps; the first also builds lazy state and is left out of timings.
         precision: "fp32"; "bf16" (weights and compute in bfloat16); "mixed" (fp32 weights,
@@ -33,6 +38,7 @@ class TrainConfig:
 
     model: ModelConfig = field(default_factory=MLPConfig)
     strategy: str = "single"
+    layout: Layout | None = None
     global_batch: int = 64
     steps: int = 5
     lr: float = 1e-3
@@ -46,6 +52,12 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.model, str):
             object.__setattr__(self, "model", config_for(self.model))
+        check_strategy(self.strategy)
+        if self.layout is not None and not isinstance(self.layout, Layout):
+            raise ValueError(f"layout is a labkit.Layout, not {self.layout!r}")
+        if self.layout is not None and self.strategy != "single":
+            raise ValueError(f"give a strategy name or a layout, not both (strategy="
+                             f"{self.strategy!r}, layout={self.layout})")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: choose from {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
@@ -53,7 +65,18 @@ class TrainConfig:
         if self.steps < 1 or self.global_batch < 1 or self.micro_batches < 1:
             raise ValueError("steps, global_batch and micro_batches must be at least 1")
 
+    @property
+    def label(self) -> str:
+        """The strategy's name, or the layout's (for titles and progress bars)."""
+        return str(self.layout) if self.layout is not None else self.strategy
+
     def replace(self, **changes) -> TrainConfig:
+        """A copy with ``changes``; a new strategy replaces the layout and the other way
+        round (``replace(strategy="ddp")`` on a config with a layout trains DDP)."""
+        if "strategy" in changes and "layout" not in changes:
+            changes["layout"] = None
+        if "layout" in changes and "strategy" not in changes:
+            changes["strategy"] = "single"
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -65,4 +88,6 @@ class TrainConfig:
     def from_dict(cls, data: dict) -> TrainConfig:
         data = dict(data)
         model = dict(data.pop("model"))
-        return cls(model=config_for(model.pop("name"), **model), **data)
+        layout = data.pop("layout", None)
+        return cls(model=config_for(model.pop("name"), **model),
+                   layout=Layout(**layout) if layout is not None else None, **data)

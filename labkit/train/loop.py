@@ -1,24 +1,39 @@
-"""The training loop every strategy shares, run on each rank (``fn`` of ``cluster.run``)."""
+"""The training loop every layout shares, run on each rank (``fn`` of ``cluster.run``).
+
+Per run: the layout's mesh, this rank's model built in the fixed order (``labkit/build``),
+observers for what the layout measures besides the step. Per step: this rank's slice of the
+batch, the step (without a pipeline, ``step/spmd.py``; through one,
+``pipeline_parallel/schedule.py``) under the collective meter, and one ``StepRecord``.
+
+An observer has three calls, all outside the step's timing and its meter:
+``on_build(run, built, config)``, ``after_backward(run, built)`` and
+``after_step(run, built, step, meter) -> dict`` (measurements added to the record).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 
-import torch
-from torch.distributed.tensor import DTensor
-
+from labkit.build import ParallelContext, build, full_weights, parallel_context
 from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter, union_seconds
+from labkit.embedding_parallel.observe import TableObserver
+from labkit.layout.presets import layout_for
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live
-from labkit.models import loss_fn, make_batch, to_device
+from labkit.models import local_slice, loss_fn, make_batch, to_device
+from labkit.pipeline_parallel.schedule import pipeline_step
+from labkit.step.record import StepRecord
+from labkit.step.spmd import run_step
 from labkit.train.config import TrainConfig
-from labkit.train.step import run_step
-from labkit.train.strategy import local_slice, strategy_for
+
+# Steps 0 and 1 hold the peak of every later step (step 0 creates the optimizer state,
+# step 1 runs with it; DDP rebuilds its buckets in step 1): memory is tracked there, and
+# later steps run untracked so that their timings are those of plain PyTorch.
+MEMORY_STEPS = 2
 
 
-def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
+def _exposed_comm(built, timing: dict, meter: CommMeter) -> float:
     """Communication time not hidden behind computation.
 
     Without overlap every moment inside a collective is a moment the step waits (on a CPU
@@ -26,7 +41,7 @@ def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
     of backward, after the last bucket was ready, is waiting; anything issued after backward
     (ZeRO-1's parameter broadcasts) is waited for in full.
     """
-    if not strategy.overlaps_comm:
+    if not built.overlaps_comm:
         return min(meter.union_s, timing["step_s"])
     end = timing["backward_end"]
     during = [start for start, _ in meter.intervals if start <= end]
@@ -39,79 +54,74 @@ def _exposed_comm(strategy, timing: dict, meter: CommMeter) -> float:
     return min(tail + after, timing["step_s"])
 
 
-# Steps 0 and 1 hold the peak of every later step (step 0 creates the optimizer state,
-# step 1 runs with it; DDP rebuilds its buckets in step 1): memory is tracked there, and
-# later steps run untracked so that their timings are those of plain PyTorch.
-MEMORY_STEPS = 2
+def _record(built, timing: dict, meter: CommMeter, tracked: bool) -> StepRecord:
+    if built.pipeline is not None:
+        return StepRecord(timing["loss"], timing["step_s"], timing["forward_s"],
+                          timing["backward_s"], timing["optimizer_s"], timing["comm_s"],
+                          timing["compute_s"], meter.busy_s, meter.stats, tracked,
+                          timing["timeline"])
+    exposed = _exposed_comm(built, timing, meter)
+    return StepRecord(timing["loss"].item(), timing["step_s"], timing["forward_s"],
+                      timing["backward_s"], timing["optimizer_s"], exposed,
+                      timing["step_s"] - exposed, meter.busy_s, meter.stats, tracked)
 
 
-def _one_step(ctx, config, strategy, model, optimizer, meter, step: int) -> dict:
+def _one_step(run: ParallelContext, config, built, observers, step: int,
+              tracked: bool) -> StepRecord:
     with on_host():  # making data is the host's job; the device holds its own copy
         batch = make_batch(config.model, step, config.global_batch, config.seed)
-        if strategy.shards_batch:
-            batch = local_slice(batch, ctx.rank, ctx.world_size)
-    batch = to_device(batch, ctx.device, copy=True)
-    meter.reset()
-    synchronize = torch.cuda.synchronize if ctx.device.type == "cuda" else None
-    own = strategy.step(ctx, model, batch, optimizer, config, synchronize)
-    if own is not None:  # a strategy with a step of its own (pipelines)
-        ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
-        return _own_step_record(own, ctx)
-    with CollectiveMeter(meter) if strategy.counts_collectives else contextlib.nullcontext():
-        timing = run_step(model, batch, loss_fn(config.model), optimizer, config.precision,
-                          lambda: strategy.sync_gradients(ctx, model, meter), synchronize,
-                          config.micro_batches, strategy.no_sync(model))
+        batch = local_slice(batch, run.data_rank, run.layout.data_size)
+    batch = to_device(batch, run.device, copy=True)
+
+    def sync_gradients() -> None:
+        if built.sync_gradients is not None:
+            built.sync_gradients()
+        for observer in observers:
+            observer.after_backward(run, built)
+
+    meter = CommMeter(run.clock, run.labels)
+    run.clock.start()
+    with CollectiveMeter(meter):  # settles on leaving: the step's traffic is all in
+        if built.pipeline is not None:
+            timing = pipeline_step(built.pipeline, batch, built.optimizer, run.clock,
+                                   sync_gradients)
+        else:
+            timing = run_step(built.model, batch, loss_fn(config.model), built.optimizer,
+                              config.precision, sync_gradients, run.clock,
+                              config.micro_batches, built.no_sync)
     del batch
-    exposed = _exposed_comm(strategy, timing, meter)
-    ctx.progress(step + 1, config.steps, f"{config.strategy} x{ctx.world_size}")
-    return {"loss": timing["loss"].item(), "step_s": timing["step_s"],
-            "forward_s": timing["forward_s"], "backward_s": timing["backward_s"],
-            "optimizer_s": timing["optimizer_s"], "comm_s": exposed,
-            "compute_s": timing["step_s"] - exposed, "comm_busy_s": meter.busy_s,
-            "comm_bytes": meter.bytes, "comm_wire_bytes": meter.wire_bytes,
-            "comm_calls": meter.calls,
-            "comm_kinds": {kind: list(v) for kind, v in meter.by_kind.items()},
-            "memory_tracked": ctx.memory._depth > 0, **strategy.step_extras(ctx, model)}
+    record = _record(built, timing, meter, tracked)
+    for observer in observers:
+        record.extras.update(observer.after_step(run, built, step, meter))
+    run.report(step + 1, config.steps, f"{config.label} x{run.world_size}")
+    return record
 
 
-def _own_step_record(own: dict, ctx) -> dict:
-    """A pipeline's step: busy time from its timeline is computation, the rest waiting."""
-    events = own["timeline"]
-    spent = {kind: sum(e["end"] - e["start"] for e in events if e["kind"] == kind)
-             for kind in ("F", "B")}
-    return {"loss": own["loss"], "step_s": own["step_s"], "forward_s": spent["F"],
-            "backward_s": spent["B"], "optimizer_s": own["optimizer_s"],
-            "comm_s": own["waiting_s"], "compute_s": own["step_s"] - own["waiting_s"],
-            "comm_busy_s": own["waiting_s"], "comm_bytes": 0, "comm_calls": 0, "comm_kinds": {},
-            "timeline": events, "memory_tracked": ctx.memory._depth > 0}
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor, gathered from all ranks if it is sharded (a DTensor)."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+def _observers(layout) -> list:
+    return [TableObserver()] if layout.tables is not None else []
 
 
 def train_on_rank(ctx, config_dict: dict) -> dict:
-    """Train ``config`` on this rank; return its losses, phase times, traffic and memory."""
+    """Train ``config`` on this rank; return its records, memory and (if asked) weights."""
     config = TrainConfig.from_dict(config_dict)
-    strategy = strategy_for(config.strategy)
-    meter = CommMeter()
+    layout = layout_for(config, ctx.world_size)
     gc.collect()  # what earlier runs left in reference cycles would still hold device memory
+    run = parallel_context(ctx, layout)
+    observers = _observers(layout)
+    always_tracked = ctx.memory.capacity_bytes is not None  # a cap tracks the whole job
     with ctx.memory as tracker:
         tracker.reset_peak()
-        model = strategy.wrap(ctx, strategy.build(ctx, config), meter, config)
-        optimizer = strategy.make_optimizer(model, config)
-        tracker.track_external(model, optimizer)
-        relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets): "other"
-        records = [_one_step(ctx, config, strategy, model, optimizer, meter, step)
+        built = build(run, config)
+        tracker.track_external(*built.modules, built.optimizer)
+        relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
+        for observer in observers:
+            observer.on_build(run, built, config)
+        records = [_one_step(run, config, built, observers, step, True)
                    for step in range(min(config.steps, MEMORY_STEPS))]
         memory = tracker.report()
-    records += [_one_step(ctx, config, strategy, model, optimizer, meter, step)
+    records += [_one_step(run, config, built, observers, step, always_tracked)
                 for step in range(MEMORY_STEPS, config.steps)]
-    out = {"rank": ctx.rank, "records": records, "memory": memory}
+    out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
     if config.return_weights:
-        inner = getattr(model, "module", model)  # DDP wraps the model
-        with on_host():  # copies for the caller, not the training's memory (nor its cap)
-            out["weights"] = {k: _full(v).detach().cpu().clone()
-                              for k, v in inner.state_dict().items()}
+        out["weights"] = full_weights(built.parts, built.names, config, layout.tp)
     return out

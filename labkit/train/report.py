@@ -8,13 +8,20 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.layout.layout import Layout
+from labkit.layout.presets import layout_for
 from labkit.memory.oom import CATEGORIES
 from labkit.memory.units import format_bytes
+from labkit.step.record import StepRecord
 from labkit.train.config import TrainConfig
 
 
 @dataclass
 class TrainReport:
+    """A run: its config, where it ran, and every rank's records (``ranks[r]["records"]``:
+    one dict per step, ``StepRecord.to_dict``), memory and, if asked, weights. Summaries
+    below take the slowest rank at each step (it sets the pace)."""
+
     config: TrainConfig
     world_size: int
     device: str
@@ -26,6 +33,25 @@ class TrainReport:
     extra: dict = field(default_factory=dict)
 
     # ----- summaries (the slowest rank sets the pace of every step) -----------------------
+    @property
+    def layout(self) -> Layout:
+        """The layout the run trained with (a strategy name's preset, resolved)."""
+        return layout_for(self.config, self.world_size)
+
+    def records(self, rank: int = 0) -> list[StepRecord]:
+        """Rank ``rank``'s steps as typed records."""
+        return [StepRecord.from_dict(r) for r in self.ranks[rank]["records"]]
+
+    def comm_by_dim(self, step: int = -1) -> dict[str, dict[str, dict]]:
+        """Communication of one step by mesh dimension and collective, on every rank alike
+        (rank 0's): {dimension: {collective: {"calls", "bytes", "wire_bytes", "seconds"}}}."""
+        out: dict[str, dict[str, dict]] = {}
+        for stat in self.records(0)[step].comm:
+            out.setdefault(stat.dim, {})[stat.kind] = {
+                "calls": stat.calls, "bytes": stat.bytes, "wire_bytes": stat.wire_bytes,
+                "seconds": stat.seconds}
+        return out
+
     @property
     def steps(self) -> int:
         return len(self.ranks[0]["records"])
@@ -113,7 +139,7 @@ class TrainReport:
         if self.estimate:
             est = (f"; estimated {format_bytes(self.estimate['peak_bytes'])} "
                    f"({100 * self.estimate_error():.1f}% off)")
-        return (f"<b>{self.config.strategy} on {self.world_size} {self.device} ranks, "
+        return (f"<b>{self.config.label} on {self.world_size} {self.device} ranks, "
                 f"{self.where}{note}</b><br>loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"
                 f" in {self.steps} steps; step {split['step_s'] * 1e3:.1f} ms (compute "
                 f"{split['compute_s'] * 1e3:.1f}, communication {split['comm_s'] * 1e3:.1f}); "

@@ -5,7 +5,8 @@ Strong scaling keeps the global batch fixed (the same work split more ways: does
 faster?). Weak scaling keeps each rank's batch fixed (more work in the same time: does
 throughput grow?). A ring AllReduce of S bytes over N ranks sends 2(N-1)/N x S bytes per
 rank, so with a per-link bandwidth B it takes about 2(N-1)/N x S / B seconds (Patarasuk and
-Yuan, 2009; the "bus bandwidth" of NVIDIA's nccl-tests is B measured that way).
+Yuan, 2009; the "bus bandwidth" of NVIDIA's nccl-tests is B measured that way; the formula is
+``labkit.costs.ring_all_reduce_seconds``).
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from dataclasses import asdict, dataclass, field
 
 from labkit.cluster.hardware import physical_cores
 from labkit.comm.timing import time_all_reduce
+from labkit.costs import ring_all_reduce_seconds
 from labkit.models import count_parameters, sized
 from labkit.train.api import train
 from labkit.train.config import TrainConfig
-from labkit.train.strategy import strategy_for
+from labkit.train.sweep import run_cells
 
-
-def ring_all_reduce_seconds(nbytes: float, world_size: int, bus_bandwidth: float) -> float:
-    """Time of a ring AllReduce of ``nbytes`` over ``world_size`` ranks at ``bus_bandwidth``."""
-    return 0.0 if world_size == 1 else 2 * (world_size - 1) / world_size * nbytes / bus_bandwidth
+__all__ = ["ScalingPoint", "ScalingResult", "measure_bus_bandwidth", "ring_all_reduce_seconds",
+           "scaling_sweep"]
 
 
 @dataclass
@@ -86,28 +86,23 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
         raise ValueError("include world size 1: speedup is measured against one device")
     config = TrainConfig(model=sized(model, int(float(params))), strategy=strategy,
                          global_batch=global_batch, steps=steps, **fields)
-    for n in world_sizes:  # all checks before the first run
-        batch = global_batch * (n if mode == "weak" else 1)
-        strategy_for(strategy).check(n, batch, config.micro_batches)
-    n_params = count_parameters(config.model)
-    original = cluster.world_size
-    result = ScalingResult(model, n_params, strategy, mode, 0.0, physical_cores())
-    try:
-        for n in sorted(world_sizes):
-            if cluster.world_size != n:
-                cluster.resize(n)
-            batch = global_batch * (n if mode == "weak" else 1)
-            report = train(cluster, config.replace(global_batch=batch), estimate=False)
-            if n > 1 and not result.bus_bandwidth:
-                result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
-            split = report.split()
-            result.points.append(ScalingPoint(
-                n, batch, split["step_s"], split["compute_s"], split["comm_s"],
-                split["comm_busy_s"], report.samples_per_s, report.comm_bytes_per_step, 0.0,
-                report.oversubscribed, report.losses))
-    finally:
-        if cluster.world_size != original:
-            cluster.resize(original)
+    result = ScalingResult(model, count_parameters(config.model), strategy, mode, 0.0,
+                           physical_cores())
+
+    def run(cluster, cell: TrainConfig) -> ScalingPoint:
+        report = train(cluster, cell, estimate=False)
+        n = cluster.world_size
+        if n > 1 and not result.bus_bandwidth:
+            result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
+        split = report.split()
+        return ScalingPoint(n, cell.global_batch, split["step_s"], split["compute_s"],
+                            split["comm_s"], split["comm_busy_s"], report.samples_per_s,
+                            report.comm_bytes_per_step, 0.0, report.oversubscribed,
+                            report.losses)
+
+    cells = [(n, config.replace(global_batch=global_batch * (n if mode == "weak" else 1)))
+             for n in sorted(world_sizes)]
+    result.points = run_cells(cluster, cells, run)
     for point in result.points:
         if result.bus_bandwidth:
             point.predicted_comm_s = ring_all_reduce_seconds(

@@ -1,6 +1,7 @@
 """The same training experiment under torchrun, on one machine or many:
 
     torchrun --nproc-per-node 2 -m labkit train --model mlp --strategy ddp --out report.json
+    torchrun --nproc-per-node 4 -m labkit train --model gpt --layout fsdp=2,tp=2 --out r.json
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m labkit train ...
 
 Each process is a rank (one GPU each where there are GPUs, else one CPU core each); rank 0
@@ -21,13 +22,13 @@ import torch.distributed as dist
 
 from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
+from labkit.layout import STRATEGIES, Layout, check_run, layout_for
 from labkit.memory import MemoryTracker
 from labkit.memory.estimate import estimate_memory
 from labkit.models import config_for, sized
 from labkit.train.config import OPTIMIZERS, PRECISIONS, TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
-from labkit.train.strategy import STRATEGIES, strategy_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", type=float, help="size the model to about this many "
                         "parameters (default: the zoo's default size)")
     parser.add_argument("--strategy", default="ddp", choices=STRATEGIES)
+    parser.add_argument("--layout", help="degrees instead of a strategy, e.g. dp=2,tp=2 or "
+                        "pp=2,dp=2,schedule=gpipe (their product: the number of processes)")
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -45,20 +48,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
 
+def parse_layout(text: str) -> Layout:
+    """``"dp=2,tp=2,schedule=gpipe"`` -> ``Layout(dp=2, tp=2, schedule="gpipe")``."""
+    fields = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        fields[name.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    try:
+        return Layout(**fields)
+    except TypeError as exc:
+        raise ValueError(f"cannot read layout {text!r}: write e.g. dp=2,tp=2 ({exc})") from exc
+
+
 def _config(args) -> TrainConfig:
     model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
-    return TrainConfig(model=model, strategy=args.strategy, global_batch=args.global_batch,
-                       steps=args.steps, lr=args.lr, optimizer=args.optimizer,
-                       precision=args.precision, micro_batches=args.micro_batches)
+    parallel = ({"layout": parse_layout(args.layout)} if args.layout
+                else {"strategy": args.strategy})
+    return TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
+                       lr=args.lr, optimizer=args.optimizer, precision=args.precision,
+                       micro_batches=args.micro_batches, **parallel)
 
 
-def _join(args) -> tuple[torch.device, str]:
+def _device(args) -> torch.device:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if not args.cpu and torch.cuda.is_available() and local_rank < torch.cuda.device_count():
-        device = torch.device("cuda", local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _join(device: torch.device) -> str:
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        device = torch.device("cpu")
         torch.set_num_threads(1)  # a virtual GPU: one core
     backend = "nccl" if device.type == "cuda" else "gloo"
     if "WORLD_SIZE" in os.environ:  # started by torchrun: env:// rendezvous
@@ -66,17 +87,21 @@ def _join(args) -> tuple[torch.device, str]:
                                 device_id=device if device.type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return device, backend
+    return backend
 
 
 def main(args) -> int:
     config = _config(args)  # bad arguments fail here, before any collective
-    device, backend = _join(args)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = _device(args)
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    check_run(config, layout_for(config, world_size), world_size, device.type, backend)
+    # The estimate traces on a process group of its own: before this process joins one.
+    estimate = (estimate_memory(config, world_size).to_dict()
+                if int(os.environ.get("RANK", 0)) == 0 else None)
+    _join(device)
+    rank = dist.get_rank()
     try:
-        strategy = strategy_for(config.strategy)
-        strategy.check(world_size, config.global_batch, config.micro_batches)
-        strategy.check_model(config.model, world_size)
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
         ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
@@ -84,17 +109,15 @@ def main(args) -> int:
         result = train_on_rank(ctx, config.to_dict())
         result["host"] = socket.gethostname()
         gathered = [None] * world_size if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
         if rank == 0:
             hosts = sorted({r["host"] for r in gathered})
-            estimate = (estimate_memory(config, world_size).to_dict() if strategy.estimable
-                        else None)
             report = TrainReport(config, world_size, device.type, backend, oversubscribed,
                                  gathered, estimate,
                                  where=f"measured under torchrun on {', '.join(hosts)}")
             report.save(args.out)
             split = report.split()
-            print(f"{config.strategy} x{world_size}: loss {report.losses[0]:.4f} -> "
+            print(f"{config.label} x{world_size}: loss {report.losses[0]:.4f} -> "
                   f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
                   f"{report.samples_per_s:.0f} samples/s; report written to {args.out}")
     finally:

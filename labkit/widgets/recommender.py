@@ -8,6 +8,9 @@ import dataclasses
 import numpy as np
 from matplotlib.figure import Figure
 
+from labkit.embedding_parallel.planner import PlanError
+from labkit.embedding_parallel.results import memory_by_part
+from labkit.embedding_parallel.sizing import dlrm_plan
 from labkit.memory.oom import DeviceOOM
 from labkit.memory.units import format_bytes, parse_bytes
 from labkit.plots.embedding import PART_COLORS, PART_LABELS
@@ -34,7 +37,6 @@ class RecommenderExplorer:
 
     def result(self, world_size: int, rows: int) -> dict:
         """{"plan", "plan_fits", "report" or "oom", "fits"}: estimated, then measured."""
-        from labkit.embedding_parallel import PlanError, dlrm_plan
 
         key = (world_size, rows)
         if key not in self._cache:
@@ -57,7 +59,6 @@ class RecommenderExplorer:
         return self._cache[key]
 
     def figure(self, world_size: int, rows: int) -> Figure:
-        from labkit.embedding_parallel import memory_by_part
 
         result = self.result(world_size, rows)
         plan, report, oom = result["plan"], result["report"], result["oom"]

@@ -1,0 +1,165 @@
+"""The one build path: a run's layout turned into this rank's model, in a fixed order.
+
+    1. the model on the meta device (``labkit/models``): shapes, no memory;
+       (the DLRM with ``tables=``: its tables placed over fsdp, ``labkit/embedding_parallel``)
+    2. tensor parallelism on ``mesh["tp"]``: DTensor's ``parallelize_module`` with the model's
+       plan (``labkit/models/*_plan.py``; the lesson is in ``labkit/tensor_parallel``);
+    3. the pipeline split over ``mesh["pp"]``: this rank's stages (``labkit/pipeline_parallel``);
+    4. FSDP2 on each part, still on meta: ``fully_shard`` over fsdp (HSDP over dp x fsdp), or
+       ``replicate`` over dp when the replica is split by tp or pp
+       (``labkit/sharded_data_parallel``);
+    5. one allocator: this rank's shards allocated and filled from the host model
+       (``materialize.py``);
+    6. engines that wrap real weights: DDP over dp, ZeRO-1's optimizer, the hand-written
+       broadcast (``labkit/data_parallel``), then the optimizer and the pipeline schedule.
+
+The order is torchtitan's (``parallelize_llama``: TP, then FSDP, the pipeline splitting the
+model from outside). DDP and ZeRO-1 come after allocation because they copy weights that
+exist; FSDP2 comes before, so that only shards are ever allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+from torch.distributed.tensor.parallel import parallelize_module
+
+from labkit.build.context import ParallelContext
+from labkit.build.materialize import materialize
+from labkit.data_parallel.ddp import bucket_bytes, wrap_ddp
+from labkit.data_parallel.naive import average_gradients, broadcast_parameters
+from labkit.embedding_parallel.tables import shard_tables, sync_table_gradients, table_plan
+from labkit.memory.capacity import on_host
+from labkit.models import build_model, loss_fn, plan_for
+from labkit.optim import make_optimizer, weight_dtype
+from labkit.pipeline_parallel.schedule import PipelineRunner
+from labkit.pipeline_parallel.stages import split_stages, stage_ids, stage_module
+from labkit.sharded_data_parallel.fsdp import (
+    apply_fsdp,
+    apply_replicate,
+    fsdp_no_sync,
+    shard_dims,
+)
+from labkit.sharded_data_parallel.zero import zero1_optimizer
+
+
+@dataclass
+class Built:
+    """This rank's model for a run, ready to train.
+
+    Attributes:
+        parts: its pieces, unwrapped (one; two stages with interleaved 1F1B).
+        names: per part, its tensor names -> the whole model's ({} where they are equal).
+        modules: the parts as they run (wrapped by DDP where it applies).
+        optimizer: over every part's parameters.
+        pipeline: the stages' schedule, or None without a pipeline.
+        sync_gradients: hand-written gradient communication after backward, or None.
+        no_sync: a context that keeps gradients local (micro-batches), or None.
+        overlaps_comm: gradients are AllReduced during backward (DDP's buckets).
+        untraced_bytes: memory kept outside the traced step that the estimator adds (DDP's
+            buckets: DDP does not run on fake tensors).
+        table_plan: the DLRM's table placement, or None.
+    """
+
+    parts: list[nn.Module]
+    names: list[dict[str, str]]
+    modules: list[nn.Module]
+    optimizer: torch.optim.Optimizer
+    pipeline: PipelineRunner | None = None
+    sync_gradients: Any = None
+    no_sync: Any = None
+    overlaps_comm: bool = False
+    untraced_bytes: int = 0
+    table_plan: Any = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The one module of a layout without a pipeline."""
+        return self.modules[0]
+
+
+def _split(model: nn.Module, plan, ctx: ParallelContext):
+    """Step 3: this rank's stages and their names, or the whole model."""
+    layout = ctx.layout
+    if not layout.pipelined:
+        return [model], [{}], None
+    per_rank = layout.stages_per_rank
+    cut = split_stages(plan.layers(model), layout.pp * per_rank)
+    ids = stage_ids(ctx.coordinate("pp"), layout.pp, per_rank)
+    parts, names = zip(*(stage_module(cut[i]) for i in ids), strict=True)
+    return list(parts), list(names), ids
+
+
+def _shard(parts: list[nn.Module], plan, ctx: ParallelContext) -> list[nn.Module]:
+    """Step 4: FSDP2's engines, on the meta device."""
+    layout = ctx.layout
+    engine = layout.data_engine
+    if engine == "fsdp":
+        mesh = ctx.submesh(*shard_dims(layout))
+        return [apply_fsdp(part, plan.fsdp_units(part), mesh) for part in parts]
+    if engine == "ddp" and (layout.tp > 1 or layout.pipelined):
+        return [apply_replicate(part, ctx.submesh("dp")) for part in parts]
+    return parts
+
+
+def _replicate(parts, ctx: ParallelContext, config) -> tuple[list[nn.Module], dict]:
+    """Step 6: engines that wrap allocated weights; returns the modules that run and what
+    the step needs to know about them."""
+    layout, engine = ctx.layout, ctx.layout.data_engine
+    fake = any(is_fake(p) for part in parts for p in part.parameters())
+    plain_ddp = engine in ("ddp", "zero1") and not (layout.tp > 1 or layout.pipelined)
+    if plain_ddp and fake:  # DDP does not run on fake tensors: trace the replica alone
+        return parts, {"untraced_bytes": sum(bucket_bytes(p) for p in parts)}
+    if plain_ddp:
+        modules = [wrap_ddp(part, ctx.group("dp"), ctx.device, config.bucket_cap_mb,
+                            ctx.memory) for part in parts]
+        return modules, {"overlaps_comm": True, "no_sync": modules[0].no_sync}
+    if engine == "naive":
+        for part in parts:
+            broadcast_parameters(part, ctx.group("dp"))
+        group = ctx.group("dp")
+        return parts, {"sync_gradients": lambda: [average_gradients(p, group) for p in parts]}
+    if engine == "tables":
+        return parts, {"sync_gradients": lambda: sync_table_gradients(parts[0], ctx.mesh,
+                                                                       layout)}
+    if engine in ("fsdp", "ddp"):  # FSDP2's fully_shard or replicate
+        return parts, {"no_sync": fsdp_no_sync(parts)}
+    return parts, {}
+
+
+def _optimizer(parts, ctx: ParallelContext, config) -> torch.optim.Optimizer:
+    params = [p for part in parts for p in part.parameters()]
+    if ctx.layout.data_engine == "zero1":
+        return zero1_optimizer(params, config.optimizer, config.lr, ctx.group("dp"))
+    return make_optimizer(config.optimizer, params, config.lr)
+
+
+def build(ctx: ParallelContext, config) -> Built:
+    """This rank's model for ``config`` (a TrainConfig) under ``ctx.layout``."""
+    layout, plan = ctx.layout, plan_for(config.model)
+    # Steps 1-4 work on meta tensors (shapes, no memory) and on the mesh's host tensors:
+    # plain ones, also while the estimator traces the steps after them on fake tensors.
+    with on_host():
+        model = build_model(config.model, "meta", config.seed, weight_dtype(config.precision))
+        placement = None
+        if layout.tables is not None:
+            placement = table_plan(config, layout, ctx.memory)
+            model = shard_tables(model, placement, ctx.submesh("fsdp"), layout.tables)
+        if layout.tp > 1:
+            parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
+        parts, names, ids = _split(model, plan, ctx)
+        parts = _shard(parts, plan, ctx)
+    materialize(parts, names, config, layout.tp, ctx.device)
+    modules, engine = _replicate(parts, ctx, config)
+    optimizer = _optimizer(parts, ctx, config)
+    pipeline = None
+    if layout.pipelined:
+        pipeline = PipelineRunner(modules, ids, layout.pp * layout.stages_per_rank,
+                                  ctx.coordinate("pp"), layout.pp, ctx.group("pp"),
+                                  ctx.device, config.micro_batches, loss_fn(config.model),
+                                  layout.pipeline_schedule, ctx.clock)
+    return Built(parts, names, modules, optimizer, pipeline, table_plan=placement, **engine)

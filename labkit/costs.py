@@ -1,0 +1,72 @@
+"""Every cost formula of the suite, each written once, with its source.
+
+* What one rank sends for a collective, as a share of the tensor it works on (a ring over N
+  ranks; Patarasuk and Yuan, 2009; NCCL's "bus bandwidth" uses the same factors): AllReduce
+  is a reduce-scatter followed by an all-gather, each passing N-1 pieces of 1/N, so 2(N-1)/N;
+  all-gather, reduce-scatter, broadcast and all-to-all pass (N-1)/N once; a point-to-point
+  send sends the whole tensor, a receive sends nothing.
+* What an optimizer keeps per parameter, and what a tensor costs to train (weights, gradient,
+  optimizer state).
+* The ZeRO paper's model states per device (Rajbhandari et al., 2020, section 3.1).
+"""
+
+from __future__ import annotations
+
+# Tensors of a parameter's size that each optimizer keeps (Adam: two moments; SGD without
+# momentum: none).
+OPTIMIZER_STATE_COPIES = {"adam": 2, "adamw": 2, "sgd": 0}
+
+
+def ring_share(kind: str, group_size: int) -> float:
+    """Bytes one rank sends per byte of the tensor a ``kind`` collective works on."""
+    n = max(int(group_size), 1)
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind == "send":
+        return 1.0
+    if kind == "recv":
+        return 0.0
+    return (n - 1) / n
+
+
+def ring_all_reduce_seconds(nbytes: float, world_size: int, bus_bandwidth: float) -> float:
+    """Time of a ring AllReduce of ``nbytes`` over ``world_size`` ranks whose links carry
+    ``bus_bandwidth`` bytes/s: 2(N-1)/N x bytes / bandwidth."""
+    if world_size == 1:
+        return 0.0
+    return ring_share("all_reduce", world_size) * nbytes / bus_bandwidth
+
+
+def optimizer_state_bytes(weight_bytes: float, optimizer: str) -> float:
+    """The optimizer's state for weights of ``weight_bytes`` (in the weights' own dtype)."""
+    return weight_bytes * OPTIMIZER_STATE_COPIES[optimizer]
+
+
+def training_bytes(weight_bytes: float, optimizer: str) -> float:
+    """What a tensor costs while it trains: weights + gradient + optimizer state."""
+    return 2 * weight_bytes + optimizer_state_bytes(weight_bytes, optimizer)
+
+
+# Bytes per parameter of model state (ZeRO paper, section 3.1): (weights, gradients,
+# optimizer state K). Mixed precision keeps fp16 weights and gradients and, in fp32, a master
+# copy of the weights plus Adam's moments (K = 4 + 2 x 4 = 12); plain fp32 Adam keeps its
+# moments only (K = 2 x 4 = 8).
+_FP32 = 4
+_STATE_BYTES = {"mixed": (2, 2, _FP32 + OPTIMIZER_STATE_COPIES["adam"] * _FP32),
+                "fp32": (_FP32, _FP32, OPTIMIZER_STATE_COPIES["adam"] * _FP32)}
+
+
+def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
+                      precision: str = "mixed") -> dict[str, float]:
+    """Per-device bytes of parameters, gradients and Adam state under ZeRO stage 0-3."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError("zero_stage is 0 (plain data parallel), 1, 2 or 3")
+    if precision not in _STATE_BYTES:
+        raise ValueError(f"precision is one of {tuple(_STATE_BYTES)}, not {precision!r}")
+    p_bytes, g_bytes, k_bytes = _STATE_BYTES[precision]
+    n = world_size
+    out = {"parameters": p_bytes * n_params / (n if zero_stage >= 3 else 1),
+           "gradients": g_bytes * n_params / (n if zero_stage >= 2 else 1),
+           "optimizer": k_bytes * n_params / (n if zero_stage >= 1 else 1)}
+    out["total"] = sum(out.values())
+    return out

@@ -1,0 +1,52 @@
+"""The rules a run must pass before any process starts: the layout fits the ranks, the model
+and the batch. Each error says what to change."""
+
+from __future__ import annotations
+
+from labkit.layout.layout import Layout
+from labkit.models import plan_for
+
+
+def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
+              backend: str = "gloo") -> None:
+    """Raise ValueError if ``config`` (a TrainConfig) cannot train with ``layout`` on
+    ``world_size`` ranks of ``device`` talking over ``backend``."""
+    if layout.size != world_size:
+        raise ValueError(f"the layout {layout} needs {layout.size} ranks and the cluster has "
+                         f"{world_size}: resize the cluster (cluster.resize({layout.size})) or "
+                         f"choose degrees whose product is {world_size}")
+    _check_batch(config, layout)
+    plan = plan_for(config.model)
+    plan.check_tp(config.model, layout.tp)
+    if layout.pipelined:
+        _check_pipeline(config, layout)
+        plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
+        if device == "cuda" and backend != "nccl":
+            raise ValueError("a pipeline on GPUs that ranks share talks over gloo, and gloo "
+                             "cannot send GPU tensors point to point: give each rank its own "
+                             "GPU (as many ranks as GPUs), or use device='cpu'")
+    if layout.tables is not None:
+        plan.check_tables(config.model, layout.tables, layout.fsdp)
+
+
+def _check_batch(config, layout: Layout) -> None:
+    batch, micro, slices = config.global_batch, config.micro_batches, layout.data_size
+    if slices == 1 and batch % micro:
+        raise ValueError(f"global_batch {batch} does not split into {micro} micro-batches: "
+                         "choose a multiple")
+    if batch % (slices * micro):
+        raise ValueError(f"global_batch {batch} does not split evenly over {slices} ranks x "
+                         f"{micro} micro-batches: choose a multiple of {slices * micro}")
+
+
+def _check_pipeline(config, layout: Layout) -> None:
+    micro, stages, schedule = config.micro_batches, layout.pp, layout.pipeline_schedule
+    if schedule == "naive" and micro != 1:
+        raise ValueError("the naive pipeline sends one whole batch at a time: use "
+                         "micro_batches=1, or the 'gpipe' / '1f1b' schedules")
+    if schedule == "1f1b" and micro < stages:
+        raise ValueError(f"1F1B needs at least as many micro-batches as stages ({stages}); "
+                         f"got {micro}")
+    if schedule == "interleaved_1f1b" and (micro < stages or micro % stages):
+        raise ValueError(f"interleaved 1F1B sends micro-batches round the {stages} ranks in "
+                         f"rounds: use a multiple of {stages} micro-batches, not {micro}")

@@ -1,0 +1,58 @@
+"""What each parallelism needs to know about a model, kept beside the model.
+
+A :class:`ParallelPlan` answers, for one zoo family: can it be split by tensors (and how:
+its DTensor plan), by pipeline stages (its chain of layers), what FSDP shards as one unit,
+and which degrees suit a given config (with advice when one does not). A new model adds one
+plan file here; the parallelisms (``labkit/build``) only ask the plan.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ParallelPlan:
+    """The defaults: a model that no parallelism may split (data parallelism still works)."""
+
+    family = "model"
+    splits_tensors = False  # has a tensor-parallel plan
+
+    # ----- checks (before any process starts; raise ValueError saying what to change) ----
+    def check_tp(self, config, degree: int) -> None:
+        if degree > 1:
+            raise ValueError(f"tensor parallelism here splits the zoo's 'mlp' and 'gpt', not "
+                             f"{self.family!r}")
+
+    def check_pipeline(self, config, stages: int) -> None:
+        """Raise unless the model's chain of layers fills ``stages`` stages."""
+        raise ValueError(f"a pipeline cuts a chain of layers: choose the zoo's 'mlp' or 'gpt',"
+                         f" not {self.family!r}")
+
+    def check_tables(self, config, tables: str, group_size: int) -> None:
+        raise ValueError(f"'{tables}' shards the embedding tables of the zoo's 'dlrm', not "
+                         f"{self.family!r}")
+
+    # ----- what each parallelism applies --------------------------------------------------
+    def tp_styles(self, model: nn.Module) -> dict:
+        """{module name: DTensor ParallelStyle} for ``parallelize_module``."""
+        return {}
+
+    def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The model as a chain of (name prefix in the model, module), applied in turn."""
+        raise NotImplementedError
+
+    def fsdp_units(self, module: nn.Module) -> list[nn.Module]:
+        """Submodules of ``module`` that FSDP gathers and frees as one unit each."""
+        return []
+
+    # ----- weights in tensor-parallel order -----------------------------------------------
+    def to_tp_layout(self, name: str, tensor: torch.Tensor, tp: int) -> torch.Tensor:
+        """The full weight ``name`` reordered so that DTensor's even split gives each tp rank
+        its part (identity unless a fused weight needs it)."""
+        return tensor
+
+    def from_tp_layout(self, name: str, tensor: torch.Tensor, tp: int) -> torch.Tensor:
+        """The inverse of :meth:`to_tp_layout`."""
+        return tensor
+

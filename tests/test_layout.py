@@ -1,0 +1,142 @@
+"""Layouts: the degree rules, checked before any process starts (each error says what to
+change), the presets the strategy names stand for, and rank numbering with tp innermost.
+Pure arithmetic: no rank starts here."""
+
+from __future__ import annotations
+
+import pytest
+
+import labkit
+from labkit.layout import STRATEGIES, Layout, check_run, preset
+from labkit.models import DLRMConfig, GPTConfig, MLPConfig
+
+
+def _config(model=None, **fields):
+    return labkit.TrainConfig(model=model or MLPConfig(), **fields)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"dp": 0}, "at least 1"), ({"tp": 1.5}, "whole number"), ({"pp": True}, "whole number"),
+    ({"schedule": "zero_bubble"}, "choose one of naive, gpipe"),
+    ({"dp_kind": "ddp2"}, "choose one of ddp"), ({"tables": "column_wise"}, "table_wise"),
+    ({"fsdp": 2, "dp_kind": "ddp"}, "replicates the model"),
+    ({"dp": 2, "dp_kind": "fsdp"}, "write fsdp=2"),
+    ({"dp": 2, "tp": 2, "dp_kind": "zero1"}, "plain replicas only"),
+    ({"dp": 2, "tables": "table_wise", "dp_kind": "naive"}, "leave dp_kind out"),
+    ({"fsdp": 2, "tp": 2, "tables": "row_wise"}, "leave them at 1")])
+def test_layouts_that_no_engine_runs_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Layout(**fields)
+
+
+def test_the_product_of_the_degrees_is_the_rank_count():
+    assert Layout(pp=2, dp=2, fsdp=1, tp=2).size == 8
+    with pytest.raises(ValueError, match="needs 4 ranks and the cluster has 2"):
+        check_run(_config(), Layout(dp=2, tp=2), 2)
+
+
+@pytest.mark.parametrize("model, degree, message", [
+    (MLPConfig(d_hidden=100), 3, "d_hidden=100 does not split over 3"),
+    (GPTConfig(n_heads=4), 3, "4 attention heads do not split over 3"),
+    (DLRMConfig(), 2, "tables='table_wise'")])
+def test_tensor_parallel_degree_must_suit_the_model(model, degree, message):
+    with pytest.raises(ValueError, match=message):
+        check_run(_config(model), Layout(tp=degree), degree)
+
+
+def test_pipeline_stages_need_layers_with_weights():
+    # The MLP has one layer with weights per n_layers; a GPT adds embeddings, norm, head.
+    check_run(_config(MLPConfig(n_layers=4), micro_batches=4), Layout(pp=4), 4)
+    with pytest.raises(ValueError, match="cannot fill 4 stages"):
+        check_run(_config(MLPConfig(n_layers=3), micro_batches=4), Layout(pp=4), 4)
+    check_run(_config(GPTConfig(n_layers=1), micro_batches=4), Layout(pp=4), 4)
+    # Interleaved 1F1B: two stages per rank.
+    interleaved = Layout(pp=2, schedule="interleaved_1f1b")
+    check_run(_config(MLPConfig(n_layers=4), micro_batches=2), interleaved, 2)
+    with pytest.raises(ValueError, match="cannot fill 4 stages"):
+        check_run(_config(MLPConfig(n_layers=3), micro_batches=2), interleaved, 2)
+    with pytest.raises(ValueError, match="chain of layers"):
+        check_run(_config(DLRMConfig(), micro_batches=2), Layout(pp=2), 2)
+
+
+def test_schedules_need_their_micro_batches():
+    with pytest.raises(ValueError, match="at least as many micro-batches as stages"):
+        check_run(_config(micro_batches=1), Layout(pp=2), 2)  # 1F1B by default
+    check_run(_config(micro_batches=1), Layout(pp=2, schedule="gpipe"), 2)
+    with pytest.raises(ValueError, match="one whole batch"):
+        check_run(_config(micro_batches=2), Layout(pp=2, schedule="naive"), 2)
+    with pytest.raises(ValueError, match="multiple of 2 micro-batches, not 3"):
+        check_run(_config(MLPConfig(n_layers=4), micro_batches=3, global_batch=12),
+                  Layout(pp=2, schedule="interleaved_1f1b"), 2)
+
+
+def test_the_batch_splits_over_data_ranks_and_micro_batches_not_over_tp_or_pp():
+    layout = Layout(pp=2, dp=2, tp=2)  # 2 data slices, whatever tp and pp are
+    check_run(_config(global_batch=8, micro_batches=4), layout, 8)
+    with pytest.raises(ValueError, match="does not split evenly over 2 ranks x 4 "
+                                         "micro-batches: choose a multiple of 8"):
+        check_run(_config(global_batch=12, micro_batches=4), layout, 8)
+    with pytest.raises(ValueError, match="does not split into 4 micro-batches"):
+        check_run(_config(global_batch=6, micro_batches=4), Layout(tp=2), 2)
+
+
+def test_tables_need_the_dlrm_and_rows_for_every_rank():
+    with pytest.raises(ValueError, match="embedding tables of the zoo's 'dlrm'"):
+        check_run(_config(), Layout(fsdp=2, tables="table_wise"), 2)
+    with pytest.raises(ValueError, match="without any"):
+        check_run(_config(DLRMConfig(rows_per_table=1)), Layout(fsdp=2, tables="row_wise"), 2)
+    check_run(_config(DLRMConfig()), Layout(dp=2, fsdp=2, tables="table_wise"), 4)
+
+
+def test_pipelines_on_shared_gpus_are_refused_before_any_rank_starts():
+    """Issue 18: ranks sharing a GPU talk over gloo, which cannot send GPU tensors point to
+    point; a pipeline there is refused with what to do instead."""
+    config = _config(micro_batches=2)
+    check_run(config, Layout(pp=2), 2, "cuda", "nccl")
+    with pytest.raises(ValueError, match="gloo cannot send GPU tensors"):
+        check_run(config, Layout(pp=2), 2, "cuda", "gloo")
+
+
+def test_every_strategy_name_is_a_preset_layout():
+    expected = {"single": Layout(), "naive_dp": Layout(dp=4, dp_kind="naive"),
+                "ddp": Layout(dp=4, dp_kind="ddp"), "zero1": Layout(dp=4, dp_kind="zero1"),
+                "fsdp": Layout(fsdp=4, dp_kind="fsdp"),
+                "naive_pipeline": Layout(pp=4, schedule="naive"),
+                "gpipe": Layout(pp=4, schedule="gpipe"), "1f1b": Layout(pp=4, schedule="1f1b"),
+                "interleaved_1f1b": Layout(pp=4, schedule="interleaved_1f1b"),
+                "tp": Layout(tp=4), "table_wise": Layout(fsdp=4, tables="table_wise"),
+                "row_wise": Layout(fsdp=4, tables="row_wise"),
+                "row_wise_dtensor": Layout(fsdp=4, tables="row_wise_dtensor")}
+    assert set(expected) == set(STRATEGIES)
+    for name, layout in expected.items():
+        assert preset(name, 1 if name == "single" else 4) == layout
+    with pytest.raises(ValueError, match="one device"):
+        preset("single", 2)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        preset("magic", 2)
+    # A preset's engine runs even on one rank: "ddp" x1 is DDP, measured with DDP's buckets.
+    assert preset("ddp", 1).data_engine == "ddp" and preset("gpipe", 1).pipelined
+    assert Layout().data_engine is None and not Layout().pipelined
+
+
+def test_ranks_are_numbered_pp_outermost_and_tp_innermost():
+    layout = Layout(pp=2, dp=2, tp=2)
+    assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]  # neighbours: one node
+    assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.groups("fsdp") == [[r] for r in range(8)]
+    assert layout.coordinates(6) == {"pp": 1, "dp": 1, "fsdp": 0, "tp": 0}
+    assert all(layout.rank_at(**layout.coordinates(r)) == r for r in range(8))
+    assert str(layout) == "pp2 x dp2 x tp2 (1f1b)"
+
+
+def test_train_config_takes_a_layout_or_a_strategy_name():
+    config = labkit.TrainConfig(layout=Layout(fsdp=2, tp=2))
+    assert config.label == "fsdp2 x tp2" and config.strategy == "single"
+    assert labkit.TrainConfig.from_dict(config.to_dict()) == config
+    assert config.replace(strategy="ddp").layout is None  # a name replaces the layout
+    assert labkit.TrainConfig(strategy="ddp").replace(layout=Layout(dp=2)).strategy == "single"
+    with pytest.raises(ValueError, match="not both"):
+        labkit.TrainConfig(strategy="ddp", layout=Layout(dp=2))
+    with pytest.raises(ValueError, match="unknown strategy"):
+        labkit.TrainConfig(strategy="magic")
