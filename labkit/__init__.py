@@ -7,11 +7,12 @@ from labkit.cluster import (
     OversubscriptionWarning,
     RankContext,
     RankError,
+    RanksRestartedWarning,
     RunResults,
     RunTimeout,
 )
 from labkit.comm import CollectiveTimings, time_all_reduce
-from labkit.memory import DeviceOOM, format_bytes, parse_bytes
+from labkit.memory import DeviceOOM, ModelStateTooLarge, format_bytes, parse_bytes
 from labkit.memory.boundary import BoundaryMap, sweep_boundary
 from labkit.memory.estimate import MemoryEstimate, estimate_memory, model_state_bytes
 from labkit.results import record_results
@@ -22,9 +23,9 @@ from labkit.train.scaling import ScalingResult, ring_all_reduce_seconds, scaling
 __version__ = "0.1.0"
 
 __all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
-           "MemoryEstimate", "OversubscriptionWarning", "RankContext", "RankError",
-           "RunResults", "RunTimeout", "ScalingResult", "ShardingComparison", "TrainConfig",
-           "TrainReport", "compare_sharding", "data_parallel", "estimate_memory",
-           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
-           "record_results", "ring_all_reduce_seconds", "scaling_sweep", "sweep_boundary",
+           "MemoryEstimate", "ModelStateTooLarge", "OversubscriptionWarning", "RankContext",
+           "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout", "ScalingResult",
+           "ShardingComparison", "TrainConfig", "TrainReport", "compare_sharding", "data_parallel",
+           "estimate_memory", "format_bytes", "model_state_bytes", "models", "parse_bytes",
+           "plots", "record_results", "ring_all_reduce_seconds", "scaling_sweep", "sweep_boundary",
            "time_all_reduce", "train", "widgets"]

@@ -22,6 +22,7 @@ MemTracker's private hooks are overridden here; torch is pinned (2.13.0) and
 from __future__ import annotations
 
 import contextlib
+import threading
 from functools import partial
 
 import torch
@@ -96,6 +97,7 @@ class MemoryTracker(upstream.MemTracker):
         self.capacity_bytes = capacity_bytes
         self._seen_modules = WeakIdKeyDictionary()
         self._forced = None
+        self._lock = threading.RLock()
         self._bytes = dict.fromkeys(CATEGORIES, 0)  # live bytes per category
         self._total_bytes = 0
         self.reset_peak()
@@ -152,6 +154,12 @@ class MemoryTracker(upstream.MemTracker):
         return self._total_bytes
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        # Threads the learner's function starts are tracked too (threads.py), and storages
+        # are freed on whichever thread drops them last: one update at a time.
+        with self._lock:
+            self._update_counts(u_type, winfo, old_mem_consumed, old_reftype)
+
+    def _update_counts(self, u_type, winfo, old_mem_consumed, old_reftype) -> None:
         # MemTracker's bookkeeping of ``_curr_mem_snap``, plus running totals per category so
         # that every op costs O(1) (this runs for every tensor every op creates).
         snap = self._curr_mem_snap.get(winfo.device)
@@ -185,7 +193,7 @@ class MemoryTracker(upstream.MemTracker):
             before[category] -= delta
             before["total"] -= delta
             raise DeviceOOM(self.rank, str(winfo.device), delta, self.capacity_bytes,
-                            before["total"], before)
+                            before["total"], before, category=category)
 
     def _update_peak_stats(self, peak_state) -> None:
         total = self._total()

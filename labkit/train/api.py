@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from labkit.memory.estimate import estimate_memory
+from labkit.memory.fit import check_model_state
 from labkit.train.config import TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
@@ -19,7 +20,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
 
     ``fields`` are those of :class:`TrainConfig` (model, strategy, global_batch, steps, lr,
     optimizer, precision, seed, bucket_cap_mb). ``memory_per_device`` overrides the
-    cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory.
+    cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory
+    (``ModelStateTooLarge``, before any rank runs, when the model state alone cannot fit).
     """
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     strategy = strategy_for(config.strategy)
@@ -29,6 +31,7 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device
     try:
+        check_model_state(config, cluster.world_size, cluster.memory_per_device, cluster.device)
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     finally:
         cluster.memory_per_device = saved

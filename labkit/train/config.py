@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from labkit.models import MLPConfig, ModelConfig, config_for
+from labkit.models import MLPConfig, ModelConfig, config_for, fields
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("fp32", "bf16", "mixed")
@@ -46,12 +46,7 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.model, str):
             object.__setattr__(self, "model", config_for(self.model))
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: choose from {OPTIMIZERS}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}: choose from {PRECISIONS}")
-        if self.steps < 1 or self.global_batch < 1 or self.micro_batches < 1:
-            raise ValueError("steps, global_batch and micro_batches must be at least 1")
+        _check_fields(self)
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -66,3 +61,18 @@ class TrainConfig:
         data = dict(data)
         model = dict(data.pop("model"))
         return cls(model=config_for(model.pop("name"), **model), **data)
+
+
+def _check_fields(config: TrainConfig) -> None:
+    """Every field's type and range, before anything is sent to a rank."""
+    from labkit.train.strategy import STRATEGIES
+
+    if not isinstance(config.model, ModelConfig):
+        raise TypeError(f"TrainConfig.model must be a zoo config or name, got {config.model!r}")
+    fields.one_of(config, "strategy", STRATEGIES)
+    fields.whole(config, "global_batch", "steps", "micro_batches")
+    fields.whole(config, "seed", minimum=0)
+    fields.positive(config, "lr", "bucket_cap_mb")
+    fields.one_of(config, "optimizer", OPTIMIZERS)
+    fields.one_of(config, "precision", PRECISIONS)
+    fields.flag(config, "return_weights")

@@ -99,8 +99,11 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     gc.collect()  # what earlier runs left in reference cycles would still hold device memory
     with ctx.memory as tracker:
         tracker.reset_peak()
-        model = strategy.wrap(ctx, strategy.build(ctx, config), meter, config)
+        with tracker.label_as("parameters"):  # a cap too small for the weights says so
+            built = strategy.build(ctx, config)
+        model = strategy.wrap(ctx, built, meter, config)
         optimizer = strategy.make_optimizer(model, config)
+        relabel_live(tracker, "parameters")  # the real weights are filed again just below
         tracker.track_external(model, optimizer)
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets): "other"
         records = [_one_step(ctx, config, strategy, model, optimizer, meter, step)

@@ -1,0 +1,71 @@
+"""Does the model state fit at all? Checked before any rank starts.
+
+Every training step holds, at its optimizer step, the weights, their gradients and the
+optimizer's state (Adam's two moments per weight, created at the first step): that much is
+the least a device needs, whatever the batch. When even that is more than the capacity, the
+run cannot fit, and the learner is told what would (``ModelStateTooLarge``), rather than
+training until a rank runs out.
+"""
+
+from __future__ import annotations
+
+import math
+
+from labkit.memory.oom import MODEL_STATE, ModelStateTooLarge
+from labkit.memory.units import format_bytes
+
+# Which parts of the model state each strategy splits over its ranks (strategies not listed
+# split unevenly, by stage or by table: their planners and the tracker speak for them).
+SPLIT_PARTS = {"single": (), "naive_dp": (), "ddp": (), "zero1": ("optimizer",),
+               "fsdp": MODEL_STATE}
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0}  # tensors kept per weight
+
+
+def model_state_floor(config, world_size: int) -> dict[str, int] | None:
+    """Least bytes of each model-state part one rank holds at the optimizer step (None for
+    strategies this does not know)."""
+    from labkit.models import count_parameters
+
+    split = SPLIT_PARTS.get(config.strategy)
+    if split is None:
+        return None
+    n = count_parameters(config.model)
+    width = 2 if config.precision == "bf16" else 4  # bytes per value; "mixed" keeps fp32
+    per_weight = {"parameters": width, "gradients": width,
+                  "optimizer": width * OPTIMIZER_STATES[config.optimizer]}
+    return {part: math.ceil(n * size / (world_size if part in split else 1))
+            for part, size in per_weight.items()}
+
+
+def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) -> str:
+    from labkit.models import count_parameters
+
+    n = count_parameters(config.model)
+    per_weight = sum(floor.values()) / n
+    ways = [f"at most ~{capacity / per_weight / 1e6:.3g}M parameters fit with "
+            f"'{config.strategy}' on {world_size} rank(s)"]
+    whole = sum(model_state_floor(config.replace(strategy="single"), 1).values())
+    if config.strategy != "fsdp":
+        ranks = math.ceil(whole / capacity)
+        ways.append(f"'fsdp' splits all of it: {format_bytes(whole / world_size)} per device "
+                    f"on {world_size} rank(s)" if ranks <= world_size else
+                    f"'fsdp' splits all of it, and needs at least {ranks} ranks for it")
+    elif world_size * capacity < whole:
+        ways.append(f"'fsdp' needs at least {math.ceil(whole / capacity)} ranks")
+    if config.optimizer != "sgd":
+        ways.append("optimizer='sgd' keeps no optimizer state")
+    return ("What fits: " + "; ".join(ways) + " (activations come on top of the model "
+            "state).")
+
+
+def check_model_state(config, world_size: int, capacity_bytes: int | None,
+                      device: str = "cpu") -> None:
+    """Raise ``ModelStateTooLarge`` when the model state alone passes ``capacity_bytes``."""
+    if capacity_bytes is None:
+        return
+    floor = model_state_floor(config, world_size)
+    if floor is None or sum(floor.values()) <= capacity_bytes:
+        return
+    raise ModelStateTooLarge(None, device, sum(floor.values()), capacity_bytes, 0, floor,
+                             detail=_what_fits(config, world_size, capacity_bytes, floor),
+                             category="parameters")
