@@ -28,7 +28,7 @@ import torch.distributed as dist
 from labkit.cluster.messages import dumps_result, error_message, where
 from labkit.memory import MemoryTracker
 from labkit.memory.capacity import apply_capacity, as_device_oom
-from labkit.memory.threads import follow_threads, track_kept
+from labkit.memory.coverage import countable_rnn_kernels, follow_threads, track_kept
 
 PROGRESS_INTERVAL_S = 0.1  # at most ten progress messages a second per rank
 
@@ -180,12 +180,12 @@ def _join_group(spec: RankSpec, device: torch.device) -> None:
 
 
 def _call(ctx: RankContext, fn, args, kwargs):
-    """Run the learner's function; under the memory tracker when the device has a capacity
-    (threads the function starts are tracked too)."""
+    """Run the learner's function; under the memory tracker when the device has a capacity,
+    with what the tracker alone would miss made visible (``labkit/memory/coverage.py``)."""
     if getattr(ctx.memory, "device_capacity", None) is None:
         return fn(ctx, *args, **kwargs)
     track_kept(ctx.memory, ctx.state)  # tensors kept from runs without a cap count too
-    with ctx.memory, follow_threads(ctx.memory):
+    with ctx.memory, follow_threads(ctx.memory), countable_rnn_kernels():
         return fn(ctx, *args, **kwargs)
 
 

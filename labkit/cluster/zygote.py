@@ -29,8 +29,10 @@ import select
 import signal
 import socket
 import sys
+import time
 
 REAP_INTERVAL_S = 0.05
+KILL_ALL_S = 10.0  # the most the zygote spends taking everything down
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -111,17 +113,19 @@ def _reap(sock: socket.socket | None, ranks: dict[int, int]) -> None:
 
 
 def _kill_all(ranks: dict[int, int]) -> None:
+    """Kill every rank, then every orphan it leaves (they are adopted only once their
+    parent has died), until the zygote has no child left."""
     for pid in list(ranks):
         kill_group(pid)
-    for pid in _adopted(ranks):
-        kill_group(pid)
-    while True:
+    deadline = time.monotonic() + KILL_ALL_S
+    while time.monotonic() < deadline:
+        for pid in _adopted({}):
+            kill_group(pid)
         try:
-            os.wait()
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                time.sleep(REAP_INTERVAL_S / 5)
         except ChildProcessError:
             return
-        except InterruptedError:
-            continue
 
 
 def _serve_requests(sock: socket.socket, ranks: dict[int, int]) -> None:

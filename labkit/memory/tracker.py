@@ -34,6 +34,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from labkit.memory.collectives import settle_collective
 from labkit.memory.oom import CATEGORIES, DeviceOOM
 
 _CATEGORY_OF = {
@@ -208,6 +209,8 @@ class MemoryTracker(upstream.MemTracker):
         if any(t is DTensor for t in types):
             return NotImplemented  # let DTensor run its local ops, which we then see
         res = func(*args, **(kwargs or {}))
+        if not self.count_fake:
+            settle_collective(func, args, res)  # the same peak on every run (collectives.py)
         if active_fake_mode() is not self._fake_mode_on_entry:
             return res  # DTensor's sharding propagation on fake tensors: no real memory
         if self._in_opt:
@@ -239,8 +242,6 @@ class MemoryTracker(upstream.MemTracker):
 
     def _post_bw_hook(self, module, args) -> None:
         pass
-
-
 
 
 def relabel_live(tracker: MemoryTracker, old: str = "activations", new: str = "other") -> None:
