@@ -126,8 +126,7 @@ class Cluster:
     def _spec(self, rank: int) -> RankSpec:
         gpus = hardware.gpu_count() if self.device == "cuda" else 0
         sharing = hardware.ranks_per_gpu(self.world_size, gpus) if self.shared_gpus else 1
-        threads = 1 if self.device == "cpu" else max(
-            1, hardware.physical_cores() // self.world_size)
+        threads = hardware.host_threads(self.device, self.world_size)
         return RankSpec(rank, self.world_size, self.device, self.backend, self._store.port,
                         self._generation, self.oversubscribed,
                         gpu_index=rank % gpus if gpus else None,
@@ -163,11 +162,11 @@ class Cluster:
                 elif message[0] in ("error", "died"):
                     raise ClusterError(f"rank {handle.rank} could not start: "
                                        f"{describe(self._procs, handle, message)[1]}")
-            if time.monotonic() > deadline:
+            if pending and time.monotonic() > deadline:
                 raise ClusterError(f"ranks {sorted(pending)} did not start within "
                                    f"{self.start_timeout:.0f} s")
 
-    def _revive(self, deadline: float) -> None:
+    def _revive(self) -> None:
         """Before a run: start ranks if there are none, and restart them (saying so) if one
         died since the last run or the launcher is gone."""
         if not self._procs.zygote_alive() and self._procs.zygote is not None:
@@ -185,7 +184,7 @@ class Cluster:
             warnings.warn(f"{how} between runs: every rank was started again, so ctx.state "
                           "is empty", RanksRestartedWarning, stacklevel=5)
         if not self._procs.ranks:
-            self._start(min(deadline, time.monotonic() + self.start_timeout))
+            self._start(time.monotonic() + self.start_timeout)
 
     def resize(self, world_size: int) -> None:
         """Restart with a different number of ranks (the launcher, and torch, stay loaded)."""
@@ -271,7 +270,9 @@ class Cluster:
     def _run_locked(self, payload: bytes, deadline: float | None, timeout) -> RunResults:
         started = time.monotonic()
         try:
-            self._revive(deadline or math.inf)
+            self._revive()  # (starting ranks has its own timeout, not the run's)
+            if deadline is not None:
+                deadline += time.monotonic() - started
             self._job_id += 1
             self._send(pickle.dumps(("run", self._job_id, payload, self._options())))
             progress = RunProgress(self.world_size, enabled=self.progress)

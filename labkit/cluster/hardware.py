@@ -57,6 +57,12 @@ def ranks_per_gpu(world_size: int, gpus: int) -> int:
     return math.ceil(world_size / gpus) if gpus else 0
 
 
+def host_threads(device: str, world_size: int) -> int:
+    """torch's CPU threads per rank: one for a virtual GPU (one core's worth); a GPU rank's
+    host work shares the cores evenly with the other ranks, instead of each taking all."""
+    return 1 if device == "cpu" else max(1, physical_cores() // world_size)
+
+
 def resolve_device(world_size: int, device: str, capacity_bytes: int | None) -> tuple[str, bool]:
     """(device type, whether ranks share GPUs), or a clear error before any process starts.
 

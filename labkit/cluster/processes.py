@@ -90,6 +90,10 @@ class Processes:
         ours, theirs = socket.socketpair()
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
+        streams = (RankStream(out_read, spec.rank, "stdout"),
+                   RankStream(err_read, spec.rank, "stderr"))
+        handle = RankHandle(spec.rank, Connection(ours.detach()), streams)
+        self.ranks.append(handle)  # known before it is asked for: an interrupt cannot orphan it
         try:
             socket.send_fds(self.zygote_sock, [pickle.dumps(("spawn", spec))],
                             [theirs.fileno(), out_write, err_write])
@@ -97,10 +101,6 @@ class Processes:
             theirs.close()
             os.close(out_write)
             os.close(err_write)
-        streams = (RankStream(out_read, spec.rank, "stdout"),
-                   RankStream(err_read, spec.rank, "stderr"))
-        handle = RankHandle(spec.rank, Connection(ours.detach()), streams)
-        self.ranks.append(handle)
         return handle
 
     def read_zygote(self) -> None:
@@ -175,7 +175,7 @@ class Processes:
             except (EOFError, OSError):
                 dead.append(handle)
                 continue
-            if handle.pid is None or handle.pid in self.exitcodes:
+            if handle.pid is None or handle.pid in self.exitcodes or _ended(handle.pid):
                 dead.append(handle)
         return dead
 
@@ -221,6 +221,20 @@ class Processes:
         if self.zygote_sock is not None:
             self.zygote_sock.close()
         self.ranks, self.zygote, self.zygote_sock = [], None, None
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie: its main thread is gone, though its other
+    threads, and so its sockets, may not be yet)."""
+    if not os.path.isdir("/proc/self"):
+        return False  # no /proc (macOS): the socket's end of file and the zygote tell
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
 
 
 _LIVE: weakref.WeakSet[Processes] = weakref.WeakSet()

@@ -266,7 +266,8 @@ def main(fd: int, spec: RankSpec) -> None:
     threading.Thread(target=_read_messages, args=(channel, jobs, threading.get_ident()),
                      name="labkit-rank-reader", daemon=True).start()
     channel.send(("ready", {"rank": spec.rank, "pid": os.getpid(), "device": str(device),
-                            "backend": spec.backend, "threads": torch.get_num_threads()}))
+                            "backend": spec.backend, "threads": torch.get_num_threads(),
+                            "ranks_on_gpu": spec.ranks_on_gpu if device.type == "cuda" else 0}))
     while True:
         message = jobs.get()
         if message[0] == "run":

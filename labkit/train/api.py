@@ -38,5 +38,7 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     est = None
     if estimate and strategy.estimable:
         est = estimate_memory(config, cluster.world_size).to_dict()
-    return TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
-                       ranks.oversubscribed, list(ranks), est)
+    report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
+                         ranks.oversubscribed, list(ranks), est)
+    report.extra["shared_gpus"] = ranks.shared_gpus  # several ranks on one GPU: say so
+    return report
