@@ -63,7 +63,7 @@ def estimate_vs_measured(cluster, config, batch_size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="about a minute")
     args = parser.parse_args()
     steps = 10 if args.quick else 30
     figures: dict = {"steps": steps}

@@ -11,6 +11,7 @@ from another thread), the next run finds working ranks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import threading
@@ -199,6 +200,19 @@ class Cluster:
             self.shared_gpus = shared_gpus
             self._set_world_size(world_size)
             self._start(time.monotonic() + self.start_timeout)
+
+    @contextlib.contextmanager
+    def resized(self, world_size: int):
+        """``with cluster.resized(n):`` work on ``n`` ranks, then return to the rank count
+        the cluster had (the explorers measure each setting this way)."""
+        original = self.world_size
+        if world_size != original:
+            self.resize(world_size)
+        try:
+            yield self
+        finally:
+            if not self.closed and self.world_size != original:
+                self.resize(original)
 
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards. From
