@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import labkit
+from labkit.memory.crosscheck import cross_check
 
 CAP = 1_000_000
 
@@ -62,44 +63,6 @@ def test_tensors_kept_while_uncapped_count_once_a_cap_is_set():
         assert info.value.breakdown["other"] >= 300_000
 
 
-def _cross_check(ctx, name: str) -> tuple[int, int]:
-    """(tracked peak, allocator peak) of two Adam steps of ``name``, from the same start."""
-    from torch import nn
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    if name == "transformer":
-        model = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2)
-        shape = (16, 32, 64)
-    elif name == "cnn":
-        model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-        shape = (16, 3, 32, 32)
-    else:
-        model = getattr(nn, name.upper())(64, 128, num_layers=2, batch_first=True)
-        shape = (16, 50, 64)
-    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
-    tracker = ctx.memory
-    start = tracker.live()["total"]
-    tracker.reset_peak()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for _ in range(2):
-            out = model(torch.randn(shape))  # the batch is made on the device
-            out = out[0] if isinstance(out, tuple) else out
-            out.pow(2).mean().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            del out
-    events = sorted((e for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:  # the allocator's own running total, from the same start
-        live += event.nbytes()
-        peak = max(peak, live)
-    return tracker.peak_bytes - start, peak
-
-
 # How far the tracked peak may be from the allocator's: exact (within rounding) everywhere but
 # oneDNN's convolutions, which reorder weights into workspaces no tensor holds (0.5% here;
 # the README says so).
@@ -109,7 +72,7 @@ TOLERANCE = {"transformer": 0.001, "cnn": 0.01, "lstm": 0.001, "gru": 0.001}
 @pytest.mark.parametrize("name", list(TOLERANCE))
 def test_capped_peak_agrees_with_the_cpu_allocator(name):
     with labkit.Cluster(1, device="cpu", memory_per_device="1GiB", progress=False) as cluster:
-        tracked, allocator = cluster.run(_cross_check, name)[0]
+        tracked, allocator = cluster.run(cross_check, name)[0]
     assert allocator > 1_000_000
     assert tracked == pytest.approx(allocator, rel=TOLERANCE[name]), (tracked, allocator)
 

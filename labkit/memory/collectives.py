@@ -34,7 +34,8 @@ _SYMMETRIC = ("allreduce_", "allreduce_coalesced_", "allgather_", "_allgather_ba
 
 
 @functools.cache
-def _collective_ops() -> frozenset:
+def collective_ops() -> frozenset:
+    """The c10d ops (as the dispatcher names them) of collectives every rank joins."""
     import torch.distributed  # noqa: F401 - registers the c10d ops
 
     ops = (getattr(torch.ops.c10d, name, None) for name in _SYMMETRIC)
@@ -54,7 +55,7 @@ def _first_tensor(value):
 
 def settle_collective(func, args, result) -> None:
     """Wait for ``func``'s work if it is a collective over CPU tensors (see above)."""
-    if func not in _collective_ops():
+    if func not in collective_ops():
         return
     tensor = _first_tensor(args)
     if tensor is not None and tensor.device.type != "cpu":
