@@ -19,6 +19,9 @@ RANK_MEMORY_BYTES = 96 * 2**20
 # Ranks per physical core for CPU ranks: on 2 cores, 64 ranks joined their group in ~6 s and
 # 128 in ~14 s, and every collective step then waits for all of them in turn.
 RANKS_PER_CORE = 32
+# GPU memory a rank sharing a GPU is given at least: its CUDA context alone takes hundreds of
+# MiB of the GPU before any tensor (gpu-check.sh prints what it is on the GPU it runs on).
+CUDA_RANK_BYTES = 2**30
 NOTEBOOK_FDS_PER_RANK = 3  # a socket and two output pipes in the notebook's process
 SPARE_FDS = 64
 
@@ -123,6 +126,11 @@ def rank_limit(device: str) -> tuple[int, str]:
         cores = physical_cores()
         limits.append((RANKS_PER_CORE * cores, f"{cores} physical core(s), at most "
                        f"{RANKS_PER_CORE} ranks per core"))
+    elif gpu_count():
+        per_gpu = max(1, gpu_memory_bytes() // CUDA_RANK_BYTES)
+        limits.append((gpu_count() * per_gpu, f"{gpu_count()} GPU(s) of "
+                       f"{format_bytes(gpu_memory_bytes())}, at least "
+                       f"{format_bytes(CUDA_RANK_BYTES)} per rank"))
     return min(limits)
 
 

@@ -7,7 +7,7 @@
   not be counted once a cap is set. ``track_kept`` registers them.
 * oneDNN's recurrent kernels (``nn.LSTM`` on CPU) allocate their workspaces inside one op,
   where the dispatcher never sees them: measured against the CPU allocator's own events, a
-  2-layer LSTM's peak was 11% above what its tensors held. ``countable_rnn_kernels`` runs
+  2-layer LSTM's peak was 14% above what its tensors held. ``countable_rnn_kernels`` runs
   RNN modules on PyTorch's own kernels instead (every byte they hold is a tensor; the
   autograd graph, and so backward, follows the forward's choice). They are slower (~4x on
   one core), so this applies only while a cap is enforced.
