@@ -12,7 +12,7 @@ from labkit.cluster import (
     RunTimeout,
 )
 from labkit.comm import CollectiveTimings, time_all_reduce
-from labkit.memory import DeviceOOM, ModelStateTooLarge, format_bytes, parse_bytes
+from labkit.memory import DeviceOOM, format_bytes, parse_bytes
 from labkit.memory.boundary import BoundaryMap, sweep_boundary
 from labkit.memory.estimate import MemoryEstimate, estimate_memory, model_state_bytes
 from labkit.results import record_results
@@ -23,7 +23,7 @@ from labkit.train.scaling import ScalingResult, ring_all_reduce_seconds, scaling
 __version__ = "0.1.0"
 
 __all__ = ["BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings", "DeviceOOM",
-           "MemoryEstimate", "ModelStateTooLarge", "OversubscriptionWarning", "RankContext",
+           "MemoryEstimate", "OversubscriptionWarning", "RankContext",
            "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout", "ScalingResult",
            "ShardingComparison", "TrainConfig", "TrainReport", "compare_sharding", "data_parallel",
            "estimate_memory", "format_bytes", "model_state_bytes", "models", "parse_bytes",

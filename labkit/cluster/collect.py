@@ -89,7 +89,7 @@ def rank_error(procs, failures: list) -> RankError | DeviceOOM:
     # fail *because* it died, and their reports can arrive first), then the first error.
     def cause(failure) -> int:
         message = failure[1]
-        if message[0] == "error" and message[2] in ("DeviceOOM", "ModelStateTooLarge"):
+        if message[0] == "error" and message[2] == "DeviceOOM":
             return 0
         return 1 if message[0] == "died" else 2
 

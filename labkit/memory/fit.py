@@ -1,17 +1,18 @@
-"""Does the model state fit at all? Checked before any rank starts.
+"""Does the model state fit at all? Worked out before any rank starts.
 
 Every training step holds, at its optimizer step, the weights, their gradients and the
 optimizer's state (Adam's two moments per weight, created at the first step): that much is
 the least a device needs, whatever the batch. When even that is more than the capacity, the
-run cannot fit, and the learner is told what would (``ModelStateTooLarge``), rather than
-training until a rank runs out.
+run cannot fit. ``labkit.train`` still runs it, so that the out-of-memory error a learner
+sees (and the notebooks plot) is measured, and adds to that ``DeviceOOM`` what was worked out
+here: how much the model state needs, and what would fit instead.
 """
 
 from __future__ import annotations
 
 import math
 
-from labkit.memory.oom import MODEL_STATE, ModelStateTooLarge
+from labkit.memory.oom import MODEL_STATE
 from labkit.memory.units import format_bytes
 
 # Which parts of the model state each strategy splits over its ranks (strategies not listed
@@ -58,14 +59,17 @@ def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) ->
             "state).")
 
 
-def check_model_state(config, world_size: int, capacity_bytes: int | None,
-                      device: str = "cpu") -> None:
-    """Raise ``ModelStateTooLarge`` when the model state alone passes ``capacity_bytes``."""
+def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str | None:
+    """What to tell a learner whose model state alone passes ``capacity_bytes`` (None when
+    it fits, or for strategies this does not know)."""
     if capacity_bytes is None:
-        return
+        return None
     floor = model_state_floor(config, world_size)
     if floor is None or sum(floor.values()) <= capacity_bytes:
-        return
-    raise ModelStateTooLarge(None, device, sum(floor.values()), capacity_bytes, 0, floor,
-                             detail=_what_fits(config, world_size, capacity_bytes, floor),
-                             category="parameters")
+        return None
+    parts = ", ".join(f"{part} {format_bytes(floor[part])}" for part in MODEL_STATE)
+    return (f"Worked out before the run: the model state alone needs at least "
+            f"{format_bytes(sum(floor.values()))} per device with '{config.strategy}' on "
+            f"{world_size} rank(s) ({parts}), more than the "
+            f"{format_bytes(capacity_bytes)} capacity. "
+            + _what_fits(config, world_size, capacity_bytes, floor))

@@ -56,6 +56,12 @@ class DeviceOOM(torch.OutOfMemoryError):
                 f"of {format_bytes(self.capacity_bytes)} in use ({parts}). To fit, "
                 f"{advice(self.breakdown, self.category, self.requested_bytes)}.")
 
+    def explain(self, note: str) -> DeviceOOM:
+        """Add ``note`` to what this error says (e.g. what would fit, worked out up front)."""
+        self.detail = f"{self.detail}\n{note}" if self.detail else note
+        self.args = (f"{self._describe()}\n{self.detail}",)
+        return self
+
     def to_dict(self) -> dict:
         """The numbers of this OOM, as plain values (what a notebook records)."""
         return {"rank": self.rank, "device": self.device, "requested": self.requested_bytes,
@@ -65,16 +71,3 @@ class DeviceOOM(torch.OutOfMemoryError):
     def __reduce__(self):
         return (type(self), (self.rank, self.device, self.requested_bytes, self.capacity_bytes,
                              self.in_use_bytes, self.breakdown, self.detail, self.category))
-
-
-class ModelStateTooLarge(DeviceOOM):
-    """Refused before any rank started: the model state that every step must hold (weights,
-    gradients, optimizer state) is already more than the capacity. ``rank`` is None (every
-    rank would fail); ``requested_bytes`` is that least model state, by part in
-    ``breakdown``; ``detail`` says what fits instead."""
-
-    def _describe(self) -> str:
-        parts = ", ".join(f"{c} {format_bytes(self.breakdown.get(c, 0))}" for c in MODEL_STATE)
-        return (f"the model state alone needs at least {format_bytes(self.requested_bytes)} "
-                f"per device ({parts}), more than the {format_bytes(self.capacity_bytes)} "
-                f"capacity, so no rank was started.")

@@ -46,8 +46,8 @@ def positive(config, *fields: str) -> None:
 def one_of(config, field: str, choices) -> None:
     value = getattr(config, field)
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{_name(config, field)} must be one of {', '.join(choices)}; "
-                         f"got {value!r}")
+        raise ValueError(f"unknown {field} {value!r}: {_name(config, field)} must be one of "
+                         f"{', '.join(choices)}")
 
 
 def flag(config, *fields: str) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from labkit.memory.estimate import estimate_memory
-from labkit.memory.fit import check_model_state
+from labkit.memory.fit import model_state_note
+from labkit.memory.oom import DeviceOOM
 from labkit.train.config import TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
@@ -20,8 +21,9 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
 
     ``fields`` are those of :class:`TrainConfig` (model, strategy, global_batch, steps, lr,
     optimizer, precision, seed, bucket_cap_mb). ``memory_per_device`` overrides the
-    cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory
-    (``ModelStateTooLarge``, before any rank runs, when the model state alone cannot fit).
+    cluster's capacity for this run. Raises ``DeviceOOM`` when a rank runs out of memory;
+    when the model state alone was more than the capacity (worked out before the run), the
+    error also says so, and what would fit.
     """
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     strategy = strategy_for(config.strategy)
@@ -30,9 +32,13 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device
+    note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
     try:
-        check_model_state(config, cluster.world_size, cluster.memory_per_device, cluster.device)
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
+    except DeviceOOM as oom:
+        if note:
+            oom.explain(note)
+        raise
     finally:
         cluster.memory_per_device = saved
     est = None
