@@ -95,11 +95,11 @@ def test_a_cluster_starts_about_as_fast_as_forking_the_kernel(kernel):
     _, client = kernel
     _execute(client, FORK_BASELINE)
     _execute(client, "fork_all_reduce(4); labkit_all_reduce(4)")  # warm both paths once
-    code = ("pairs = [(fork_all_reduce(4), *labkit_all_reduce(4)) for _ in range(3)]\n"
+    code = ("pairs = [(fork_all_reduce(4), *labkit_all_reduce(4)) for _ in range(5)]\n"
             "print(json.dumps(pairs))")
     pairs = json.loads(_execute(client, code).strip().splitlines()[-1])
-    fork_s = sorted(p[0] for p in pairs)[1]  # medians, measured side by side
-    labkit_s = sorted(p[1] for p in pairs)[1]
+    fork_s = sorted(p[0] for p in pairs)[2]  # medians, measured side by side
+    labkit_s = sorted(p[1] for p in pairs)[2]
     assert all(p[2] == "fork" for p in pairs)
     assert labkit_s < 2 * fork_s + 0.05, pairs  # (+50 ms of slack for a loaded machine)
 
