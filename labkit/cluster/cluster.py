@@ -12,7 +12,6 @@ from another thread), the next run finds working ranks.
 from __future__ import annotations
 
 import contextlib
-import math
 import pickle
 import threading
 import time
@@ -29,6 +28,7 @@ from labkit.cluster.launcher import choose_launcher
 from labkit.cluster.processes import Processes
 from labkit.cluster.progress import RunProgress
 from labkit.cluster.rank import RankSpec
+from labkit.cluster.runs import RunResults, seconds
 from labkit.memory import parse_bytes
 
 CLOSE_WAIT_S = 10.0  # close() waits this long for a run in another thread to let go
@@ -36,28 +36,6 @@ CLOSE_WAIT_S = 10.0  # close() waits this long for a run in another thread to le
 
 class OversubscriptionWarning(UserWarning):
     """More CPU ranks than physical cores: ranks share cores, so timings are not per-device."""
-
-
-class RunResults(list):
-    """Per-rank return values in rank order, plus how they were obtained."""
-
-    def __init__(self, values, *, world_size: int, device: str, backend: str,
-                 oversubscribed: bool, seconds: float, shared_gpus: bool = False):
-        super().__init__(values)
-        self.world_size, self.device, self.backend = world_size, device, backend
-        self.oversubscribed, self.seconds, self.shared_gpus = oversubscribed, seconds, shared_gpus
-
-
-def _seconds(value, name: str, allow_none: bool = True) -> float | None:
-    """A positive, finite number of seconds (or None), checked before anything is sent."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds{' or None' * allow_none}, "
-                        f"got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")
-    return float(value)
 
 
 class Cluster:
@@ -92,8 +70,8 @@ class Cluster:
         hardware.check_world_size(world_size, self.device, max_world_size)
         hardware.check_capacity(world_size, self.device, self.shared_gpus, capacity)
         self._capacity_bytes = capacity
-        self.start_timeout = _seconds(start_timeout, "start_timeout", allow_none=False)
-        self.collective_timeout = _seconds(collective_timeout, "collective_timeout", False)
+        self.start_timeout = seconds(start_timeout, "start_timeout", allow_none=False)
+        self.collective_timeout = seconds(collective_timeout, "collective_timeout", False)
         self.launcher = choose_launcher(launcher, self.device)
         self.max_world_size = max_world_size
         self.progress = progress
@@ -262,7 +240,7 @@ class Cluster:
         this call, waiting for another run included). In every case, and on
         KeyboardInterrupt, the ranks are stopped and restart on the next run.
         """
-        timeout = _seconds(timeout, "timeout")
+        timeout = seconds(timeout, "timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         self._check_open()
         if not callable(fn):

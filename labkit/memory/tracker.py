@@ -12,7 +12,7 @@ what it lacks:
 * per-category peaks, and no per-module statistics (their cost grows with model depth);
 * no ``ModTracker``: in torch 2.13 its backward hooks keep a step's whole autograd graph, and
   so the model, alive after the step whenever a module saves its output (ReLU does). A rank
-  that trained twice held both models. ``_Phases`` below gives MemTracker what it needs of
+  that trained twice held both models. ``phases.Phases`` gives MemTracker what it needs of
   ModTracker (are we in backward? in a forward?) from global module hooks and autograd.
 
 MemTracker's private hooks are overridden here; torch is pinned (2.13.0) and
@@ -30,12 +30,12 @@ from torch._guards import active_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools import mem_tracker as upstream
 from torch.distributed.tensor import DTensor
-from torch.nn.modules import module as nn_module
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
 from labkit.memory.collectives import collective_ops, settle_collective
 from labkit.memory.oom import CATEGORIES, DeviceOOM
+from labkit.memory.phases import Phases
 
 _CATEGORY_OF = {
     upstream._MemRefType.PARAM: "parameters", upstream._MemRefType.BUFFER: "parameters",
@@ -59,43 +59,6 @@ def _may_allocate(func) -> bool:
     return not in_place or "resize" in name or name.endswith("::set_")
 
 
-class _Phases:
-    """The part of ModTracker that MemTracker uses, without hooks on autograd graphs."""
-
-    def __init__(self):
-        self.depth = 0  # how many module forwards are running
-        self._user_pre_fw = None
-        self._handles = []
-
-    @property
-    def is_bw(self) -> bool:
-        return torch._C._current_graph_task_id() != -1  # an autograd graph is executing
-
-    def register_user_hooks(self, pre_fw=None, post_fw=None, pre_bw=None, post_bw=None):
-        self._user_pre_fw = pre_fw
-
-    def clear_user_hooks(self) -> None:
-        self._user_pre_fw = None
-
-    def _pre(self, module, args) -> None:
-        self.depth += 1
-        if self._user_pre_fw is not None and not self.is_bw:
-            self._user_pre_fw(module, args)
-
-    def _post(self, module, args, output) -> None:
-        self.depth -= 1
-
-    def __enter__(self):
-        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                         nn_module.register_module_forward_hook(self._post, always_call=True)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self.depth = [], 0
-
-
 class MemoryTracker(upstream.MemTracker):
     """Tracks the live bytes of one device; enter it (``with tracker:``) around work.
 
@@ -106,7 +69,7 @@ class MemoryTracker(upstream.MemTracker):
                  count_fake: bool = False):
         super().__init__()
         self.count_fake = count_fake  # the estimator counts fake tensors: they stand for real
-        self._mod_tracker = _Phases()
+        self._mod_tracker = Phases()
         self.rank = rank
         self.capacity_bytes = capacity_bytes
         self._seen_modules = WeakIdKeyDictionary()
