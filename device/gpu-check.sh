@@ -65,6 +65,9 @@ def c2():  # shared GPUs over gloo: caps, a dead rank, strategies on CUDA tensor
         r = c.run(where, timeout=120)
         check("gloo all_reduce of CUDA tensors", all(x[2] == n for x in r), str([x[:3] for x in r]))
         check("every sharing rank capped at memory_per_device", all(abs(x[3] - cap) < 2**21 for x in r))
+        from labkit.cluster.hardware import physical_cores
+        threads = c.run(lambda ctx: torch.get_num_threads(), timeout=60)
+        check(f"{n} GPU ranks share the host's {physical_cores()} cores", threads == [max(1, physical_cores() // n)] * n, str(threads))
         def die(ctx):
             if ctx.rank == 1: os.kill(os.getpid(), signal.SIGKILL)
             return where(ctx)
