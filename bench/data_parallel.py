@@ -101,7 +101,7 @@ def labkit_step_s(cluster, strategy: str, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="about a minute")
     args = parser.parse_args()
     steps, rounds = (6, 1) if args.quick else (12, 3)
     runs: dict[str, list[float]] = {k: [] for k in

@@ -73,7 +73,7 @@ def _interleaved(steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="about a minute")
     args = parser.parse_args()
     steps, rounds = (4, 1) if args.quick else (6, 3)
     config = labkit.TrainConfig(model=MODEL, global_batch=BATCH, steps=steps, optimizer="sgd")

@@ -74,7 +74,7 @@ def recommender(cluster, config, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="about a minute")
+    parser.add_argument("--quick", action="store_true", help="about 20 seconds")
     args = parser.parse_args()
     world_sizes = (1, 2) if args.quick else (1, 2, 4)
     mlp = TrainConfig(model=MLPConfig(d_in=256, d_hidden=512 if args.quick else 1024,

@@ -1,7 +1,8 @@
 """Regenerate the README's figures from real runs on this machine.
 
     python figures/make.py            # documented size: a few minutes on 2 CPU cores
-    python figures/make.py --smoke    # tiny, for tests; writes to --out
+    python figures/make.py --smoke    # tiny, for tests; writes to --out (default
+                                      # artifacts/figures-smoke/, never over the README's)
 
 Every figure is stamped with what was measured and where (CPU ranks or the GPU model).
 """
@@ -86,8 +87,14 @@ def speedup_figure(cluster, out: Path, smoke: bool) -> Path:
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description="regenerate figures/ from real runs")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write (default: figures/, or artifacts/figures-smoke/ "
+                             "with --smoke, so that smoke-size figures never replace the "
+                             "README's)")
     args = parser.parse_args(argv)
+    here = Path(__file__).resolve().parent
+    if args.out is None:
+        args.out = here.parent / "artifacts" / "figures-smoke" if args.smoke else here
     args.out.mkdir(parents=True, exist_ok=True)
     paths = []
     with labkit.Cluster(2, progress=False) as cluster:

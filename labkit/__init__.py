@@ -7,6 +7,7 @@ from labkit.cluster import (
     OversubscriptionWarning,
     RankContext,
     RankError,
+    RanksRestartedWarning,
     RunResults,
     RunTimeout,
 )
@@ -26,7 +27,8 @@ __version__ = "0.1.0"
 
 __all__ = ["STRATEGIES", "BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings",
            "DeviceOOM", "Layout", "MemoryEstimate", "OversubscriptionWarning", "RankContext",
-           "RankError", "RunResults", "RunTimeout", "ScalingResult", "ShardingComparison",
+           "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout", "ScalingResult",
+           "ShardingComparison",
            "StepRecord", "TrainConfig", "TrainReport", "compare_sharding", "data_parallel",
            "estimate_memory", "format_bytes", "model_state_bytes", "models", "parse_bytes",
            "plots", "record_results", "ring_all_reduce_seconds", "scaling_sweep",

@@ -1,7 +1,8 @@
 """``python -m labkit doctor``: is this machine ready for the suite?
 
 Prints torch's version, devices, cores and backends, then runs a 2-rank all_reduce on CPU
-(and on GPUs where there are two). Exits non-zero when something is broken.
+and, where there is a GPU, on GPUs (one GPU: 1 NCCL rank, and 2 ranks sharing it). Exits
+non-zero when something is broken.
 """
 
 from __future__ import annotations
@@ -23,18 +24,20 @@ def _sum_of_ranks(ctx) -> float:
     return tensor.item()
 
 
-def _smoke(device: str) -> bool:
+def _smoke(device: str, ranks: int = 2) -> bool:
     start = time.monotonic()
+    expected = [float(sum(range(1, ranks + 1)))] * ranks
     try:
-        with Cluster(2, device=device, progress=False) as cluster:
+        with Cluster(ranks, device=device, progress=False) as cluster:
             started = time.monotonic() - start
             totals = cluster.run(_sum_of_ranks, timeout=60)
     except Exception as exc:  # noqa: BLE001 - the doctor reports every failure
-        print(f"  FAIL 2-rank all_reduce on {device}: {exc}")
+        print(f"  FAIL {ranks}-rank all_reduce on {device}: {exc}")
         return False
-    ok = totals == [3.0, 3.0]
-    print(f"  {'ok  ' if ok else 'FAIL'} 2-rank all_reduce on {device} ({cluster.backend}): "
-          f"{totals} (expected [3.0, 3.0]), cluster started in {started:.1f} s")
+    ok = totals == expected
+    print(f"  {'ok  ' if ok else 'FAIL'} {ranks}-rank all_reduce on {device} ({cluster.backend}"
+          f"{', GPU shared' if cluster.shared_gpus else ''}): {totals} (expected {expected}), "
+          f"cluster started in {started:.1f} s")
     return ok
 
 
@@ -49,8 +52,10 @@ def main() -> int:
     backends = {name: getattr(dist, f"is_{name}_available")() for name in ("gloo", "nccl", "mpi")}
     print("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in backends.items()))
     checks = [backends["gloo"] and _smoke("cpu")]
-    if gpus >= 2 and backends["nccl"]:
-        checks.append(_smoke("cuda"))
+    if gpus and backends["nccl"]:  # one GPU: NCCL on 1 rank, then 2 ranks sharing it (gloo)
+        checks.append(_smoke("cuda", min(2, gpus)))
+        if gpus == 1:
+            checks.append(_smoke("cuda", 1))
     healthy = all(checks)
     print("verdict: ready" if healthy else "verdict: BROKEN (see FAIL lines above)")
     return 0 if healthy else 1

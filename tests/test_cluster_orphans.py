@@ -70,3 +70,49 @@ def test_sigkilled_kernel_leaves_no_process_even_while_ranks_are_busy():
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     assert wait_gone(pids, timeout=10) == set()
+
+
+def _start_children(ctx) -> list[int]:
+    """A child in the rank's process group, one that left it (setsid), a multiprocessing one."""
+    import multiprocessing
+    import subprocess
+    import time
+
+    grouped = subprocess.Popen(["sleep", "600"])
+    escaped = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+    forked.start()
+    ctx.state["children"] = (grouped, escaped, forked)
+    return [grouped.pid, escaped.pid, forked.pid]
+
+
+def test_processes_started_on_a_rank_die_with_the_cluster():
+    cluster = labkit.Cluster(2, device="cpu", progress=False)
+    children = [pid for pids in cluster.run(_start_children) for pid in pids]
+    assert all(alive(pid) for pid in children)
+    cluster.close()
+    assert wait_gone(children, timeout=5) == set()
+
+
+def test_processes_started_on_a_rank_die_when_the_ranks_restart(two):
+    children = [pid for pids in two.run(_start_children) for pid in pids]
+    try:
+        two.run(lambda ctx: 1 / 0)
+    except labkit.RankError:
+        pass
+    assert wait_gone(children, timeout=5) == set()
+    assert two.run(lambda ctx: ctx.rank) == [0, 1]
+
+
+def test_sigkilled_kernel_takes_what_ranks_started_with_it():
+    proc = _script("""
+        from tests.test_cluster_orphans import _start_children
+        children = [p for pids in cluster.run(_start_children) for p in pids]
+        print(json.dumps(children), flush=True)
+        time.sleep(600)
+    """)
+    pids = json.loads(proc.stdout.readline()) + json.loads(proc.stdout.readline())
+    assert all(alive(pid) for pid in pids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert wait_gone(pids, timeout=10) == set()

@@ -119,5 +119,5 @@ def test_scaling_explorer_redraws_when_the_gpu_count_moves():
         before = box.plot.outputs[0]["data"]["image/png"]
         box.gpus.value = 2
         box.runner.wait(timeout=60)
-        assert cluster.world_size == 2
+        assert cluster.world_size == 1  # measured on 2 ranks, then back to the count it had
         assert box.plot.outputs[0]["data"]["image/png"] != before

@@ -115,6 +115,13 @@ def test_pipelines_tensor_parallel_and_tables_train_on_nccl():
         assert report.losses == pytest.approx(tables.losses, rel=1e-4)
 
 
+# ----- issue 18's runtime claims, on real GPUs (their logic is proven on CPU in
+# tests/test_gpu_logic.py) -------------------------------------------------------------------
+
+def _allocate(ctx, nbytes):
+    return torch.empty(int(nbytes), dtype=torch.uint8, device=ctx.device).numel()
+
+
 @pytest.mark.gpu
 @needs_a_gpu
 def test_a_collective_is_timed_on_the_gpu_not_at_its_launch():
@@ -144,3 +151,122 @@ def test_a_collective_is_timed_on_the_gpu_not_at_its_launch():
         after_matmuls, duration, matmul_s = cluster.run(meter, timeout=120)[0]
     assert matmul_s > 0.005  # the matmuls took real GPU time
     assert after_matmuls > -1e-4 and duration > 0
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_cuda_oom_keeps_cudas_words_and_size():
+    with labkit.Cluster(1, device="cuda", memory_per_device="256MiB", progress=False) as c:
+        with pytest.raises(labkit.DeviceOOM) as info:
+            c.run(_allocate, 512 * 2**20)
+    oom = info.value
+    assert oom.requested_bytes == 512 * 2**20 and "CUDA said" in oom.detail
+    assert oom.rank == 0 and oom.device == "cuda:0"
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_lowering_a_cap_is_enforced_despite_cached_blocks():
+    with labkit.Cluster(1, device="cuda", progress=False) as c:
+        c.run(_allocate, 4 * 2**30)  # freed on return, kept in PyTorch's cache
+        c.memory_per_device = "1GiB"
+        with pytest.raises(labkit.DeviceOOM):
+            c.run(_allocate, 2 * 2**30)
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_ranks_sharing_a_gpu_without_a_cap_get_an_even_share():
+    ranks = torch.cuda.device_count() + 1
+    with labkit.Cluster(ranks, device="cuda", progress=False) as c:
+        shares = c.run(lambda ctx: torch.cuda.get_per_process_memory_fraction(ctx.device))
+        info = c.ranks
+    sharing = [r["ranks_on_gpu"] for r in info]
+    assert all(abs(f - 1 / n) < 1e-6 for f, n in zip(shares, sharing, strict=True))
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_caps_that_overfill_a_shared_gpu_are_refused_before_any_rank_starts():
+    from tests.conftest import descendants
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    before = descendants()
+    with pytest.raises(ValueError, match="share one GPU"):
+        labkit.Cluster(3 * torch.cuda.device_count(), device="cuda",
+                       memory_per_device=int(0.6 * total))
+    assert descendants() == before
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_cuda_results_come_back_as_host_copies():
+    with labkit.Cluster(1, device="cuda", progress=False) as c:
+        result = c.run(lambda ctx: {"t": torch.ones(3, device=ctx.device),
+                                    "p": torch.nn.Parameter(torch.ones(2, device=ctx.device))})
+    assert result[0]["t"].device.type == "cpu" and result[0]["p"].device.type == "cpu"
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_gpu_ranks_share_the_hosts_cores():
+    from labkit.cluster.hardware import physical_cores
+
+    gpus = torch.cuda.device_count()
+    with labkit.Cluster(gpus, device="cuda", progress=False) as c:
+        assert c.run(lambda ctx: torch.get_num_threads()) == [max(1, physical_cores() // gpus)
+                                                              ] * gpus
+
+
+@pytest.mark.gpu
+@needs_a_gpu
+def test_gpu_memory_is_freed_when_a_rank_is_killed():
+    import os
+    import signal
+
+    def free_bytes(ctx):
+        return torch.cuda.mem_get_info(ctx.device)[0]
+
+    def hold_and_die(ctx):
+        ctx.state["held"] = torch.empty(2 * 2**30, dtype=torch.uint8, device=ctx.device)
+        torch.cuda.synchronize(ctx.device)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with labkit.Cluster(1, device="cuda", progress=False) as c:
+        before = c.run(free_bytes)[0]
+        with pytest.raises(labkit.RankError, match="SIGKILL"):
+            c.run(hold_and_die)
+        assert c.run(free_bytes)[0] > before - 256 * 2**20
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_mismatched_collectives_fail_in_their_own_run():
+    """NCCL returns before the work is done: without the end-of-run synchronise this run
+    would 'succeed' and the next would hang until the watchdog."""
+    def only_rank_0_reduces(ctx):
+        if ctx.rank == 0:
+            dist.all_reduce(torch.ones(1, device=ctx.device))
+
+    with labkit.Cluster(2, device="cuda", progress=False) as c:
+        with pytest.raises((labkit.RunTimeout, labkit.RankError)):
+            c.run(only_rank_0_reduces, timeout=30)
+        assert c.run(lambda ctx: ctx.rank, timeout=60) == [0, 1]
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+def test_the_watchdogs_reason_and_ncclS_output_reach_the_notebook(monkeypatch, capfd):
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+
+    def rank_1_never_joins(ctx):
+        if ctx.rank == 0:
+            dist.all_reduce(torch.ones(1, device=ctx.device))
+            torch.cuda.synchronize(ctx.device)
+
+    with labkit.Cluster(2, device="cuda", progress=False, collective_timeout=10) as c:
+        with pytest.raises(labkit.RankError) as info:
+            c.run(rank_1_never_joins, timeout=120)
+    assert info.value.rank == 0
+    out = capfd.readouterr()
+    assert "[rank 0]" in out.err + out.out  # C++ output (the watchdog) went through the pipes

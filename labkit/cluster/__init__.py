@@ -1,8 +1,8 @@
 """Start N real ranks from a notebook cell, run functions on them, survive their failures."""
 
 from labkit.cluster.cluster import Cluster, OversubscriptionWarning, RunResults
-from labkit.cluster.errors import ClusterError, RankError, RunTimeout
+from labkit.cluster.errors import ClusterError, RankError, RanksRestartedWarning, RunTimeout
 from labkit.cluster.rank import RankContext
 
 __all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "RankContext", "RankError",
-           "RunResults", "RunTimeout"]
+           "RanksRestartedWarning", "RunResults", "RunTimeout"]

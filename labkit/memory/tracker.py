@@ -12,7 +12,7 @@ what it lacks:
 * per-category peaks, and no per-module statistics (their cost grows with model depth);
 * no ``ModTracker``: in torch 2.13 its backward hooks keep a step's whole autograd graph, and
   so the model, alive after the step whenever a module saves its output (ReLU does). A rank
-  that trained twice held both models. ``_Phases`` below gives MemTracker what it needs of
+  that trained twice held both models. ``phases.Phases`` gives MemTracker what it needs of
   ModTracker (are we in backward? in a forward?) from global module hooks and autograd.
 
 MemTracker's private hooks are overridden here; torch is pinned (2.13.0) and
@@ -22,6 +22,7 @@ MemTracker's private hooks are overridden here; torch is pinned (2.13.0) and
 from __future__ import annotations
 
 import contextlib
+import threading
 from functools import partial
 
 import torch
@@ -29,11 +30,12 @@ from torch._guards import active_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed._tools import mem_tracker as upstream
 from torch.distributed.tensor import DTensor
-from torch.nn.modules import module as nn_module
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from labkit.memory.collectives import collective_ops, settle_collective
 from labkit.memory.oom import CATEGORIES, DeviceOOM
+from labkit.memory.phases import Phases
 
 _CATEGORY_OF = {
     upstream._MemRefType.PARAM: "parameters", upstream._MemRefType.BUFFER: "parameters",
@@ -42,43 +44,19 @@ _CATEGORY_OF = {
     upstream._MemRefType.OTH: "other",
 }
 _GROWS = (upstream._UpdateType.ADD, upstream._UpdateType.SIZE)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-class _Phases:
-    """The part of ModTracker that MemTracker uses, without hooks on autograd graphs."""
-
-    def __init__(self):
-        self.depth = 0  # how many module forwards are running
-        self._user_pre_fw = None
-        self._handles = []
-
-    @property
-    def is_bw(self) -> bool:
-        return torch._C._current_graph_task_id() != -1  # an autograd graph is executing
-
-    def register_user_hooks(self, pre_fw=None, post_fw=None, pre_bw=None, post_bw=None):
-        self._user_pre_fw = pre_fw
-
-    def clear_user_hooks(self) -> None:
-        self._user_pre_fw = None
-
-    def _pre(self, module, args) -> None:
-        self.depth += 1
-        if self._user_pre_fw is not None and not self.is_bw:
-            self._user_pre_fw(module, args)
-
-    def _post(self, module, args, output) -> None:
-        self.depth -= 1
-
-    def __enter__(self):
-        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                         nn_module.register_module_forward_hook(self._post, always_call=True)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self.depth = [], 0
+def _may_allocate(func) -> bool:
+    """Whether ``func``'s outputs can be storages the tracker has not seen: not a view, and
+    not an in-place op (``add_``, ``mul_``: the output is the input), except those that can
+    resize their input's storage. About half of a training step's ops are of these kinds;
+    skipping them is most of what brings the DLRM's tracking cost under 1.3x."""
+    if getattr(func, "is_view", False):
+        return False
+    name = func._schema.name
+    in_place = name.endswith("_") and not name.endswith("__")
+    return not in_place or "resize" in name or name.endswith("::set_")
 
 
 class MemoryTracker(upstream.MemTracker):
@@ -91,11 +69,15 @@ class MemoryTracker(upstream.MemTracker):
                  count_fake: bool = False):
         super().__init__()
         self.count_fake = count_fake  # the estimator counts fake tensors: they stand for real
-        self._mod_tracker = _Phases()
+        self._mod_tracker = Phases()
         self.rank = rank
         self.capacity_bytes = capacity_bytes
         self._seen_modules = WeakIdKeyDictionary()
         self._forced = None
+        self._lock = threading.RLock()
+        self._collectives = collective_ops()
+        self._by_id: dict[int, tuple] = {}  # id(storage) -> MemTracker's (winfo, weakref)
+        self._allocates: dict = {}  # op -> whether its outputs may be new storages
         self._bytes = dict.fromkeys(CATEGORIES, 0)  # live bytes per category
         self._total_bytes = 0
         self.reset_peak()
@@ -141,17 +123,55 @@ class MemoryTracker(upstream.MemTracker):
     def _track(self, reftype, t) -> None:
         if t.device.type == "meta":
             return  # shapes only: no memory anywhere
+        if type(t) in _PLAIN:  # one storage and no subclass to look through: the fast path
+            self._track_storage(self._forced or reftype, t)
+            return
         if not self.count_fake and isinstance(t, FakeTensor):
             # DTensor works out an op's output shape the first time it meets it by running
             # the op on fake tensors: nothing is allocated on the device.
             return
         super()._track(self._forced or reftype, t)
 
+    def _track_storage(self, reftype, t: torch.Tensor) -> None:
+        """MemTracker's ``_track`` for a plain tensor (it runs for every output of every op).
+        Storages are looked up by ``id`` first: a storage's Python object lives as long as
+        its memory, and MemTracker's weak-keyed lookup costs a new weak reference each time."""
+        storage = t.untyped_storage()
+        key = id(storage)
+        known = self._by_id.get(key)
+        if known is None or known[1]() is not storage:
+            known = self._WINFO.get(storage)
+            if known is not None:
+                self._by_id[key] = known
+        if known is not None:
+            winfo = known[0]
+            if winfo.size != storage.size():  # resized in place
+                old = winfo.mem_consumed
+                winfo.update_mem_consumed(storage)
+                self._update_snap(upstream._UpdateType.SIZE, winfo, old_mem_consumed=old)
+            return
+        winfo, ref = upstream._WeakRefInfo.create_winfo(storage, t.device, reftype,
+                                                       self._delete_callback)
+        winfo.key = key
+        self._WINFO[storage] = self._by_id[key] = (winfo, ref)
+        if winfo.mem_consumed > 0:
+            self._update_snap(upstream._UpdateType.ADD, winfo)
+
+    def _delete_callback(self, winfo, w_st) -> None:
+        self._by_id.pop(getattr(winfo, "key", None), None)
+        super()._delete_callback(winfo, w_st)
+
     # ----- the counts: MemTracker's, kept per category too, with the capacity check -----
     def _total(self) -> int:
         return self._total_bytes
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        # Threads the learner's function starts are tracked too (threads.py), and storages
+        # are freed on whichever thread drops them last: one update at a time.
+        with self._lock:
+            self._update_counts(u_type, winfo, old_mem_consumed, old_reftype)
+
+    def _update_counts(self, u_type, winfo, old_mem_consumed, old_reftype) -> None:
         # MemTracker's bookkeeping of ``_curr_mem_snap``, plus running totals per category so
         # that every op costs O(1) (this runs for every tensor every op creates).
         snap = self._curr_mem_snap.get(winfo.device)
@@ -185,7 +205,7 @@ class MemoryTracker(upstream.MemTracker):
             before[category] -= delta
             before["total"] -= delta
             raise DeviceOOM(self.rank, str(winfo.device), delta, self.capacity_bytes,
-                            before["total"], before)
+                            before["total"], before, category=category)
 
     def _update_peak_stats(self, peak_state) -> None:
         total = self._total()
@@ -197,11 +217,21 @@ class MemoryTracker(upstream.MemTracker):
         # MemTracker's own, with its pytree walk over outputs replaced by a direct loop (ops
         # return a tensor or a flat tuple/list of them): the per-op cost is what a learner
         # pays on every step.
-        if any(t is DTensor for t in types):
+        if DTensor in types:
             return NotImplemented  # let DTensor run its local ops, which we then see
         res = func(*args, **(kwargs or {}))
-        if active_fake_mode() is not self._fake_mode_on_entry:
-            return res  # DTensor's sharding propagation on fake tensors: no real memory
+        if not self.count_fake:
+            if func in self._collectives:
+                settle_collective(func, args, res)  # the same peak every run (collectives.py)
+            allocates = self._allocates.get(func)
+            if allocates is None:
+                allocates = self._allocates[func] = _may_allocate(func)
+            if not allocates:
+                return res  # a view, or an in-place op: no new storage, nothing to count
+        elif active_fake_mode() is not self._fake_mode_on_entry:
+            # DTensor's sharding propagation on fake tensors of its own: no memory. (Without
+            # count_fake, _track skips every fake tensor anyway.)
+            return res
         if self._in_opt:
             reftype = upstream._MemRefType.OPT
         elif self._mod_tracker.is_bw and not self._in_ac:
@@ -231,8 +261,6 @@ class MemoryTracker(upstream.MemTracker):
 
     def _post_bw_hook(self, module, args) -> None:
         pass
-
-
 
 
 def relabel_live(tracker: MemoryTracker, old: str = "activations", new: str = "other") -> None:

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from labkit.models import fields
+
 
 @dataclass(frozen=True)
 class DLRMConfig:
@@ -25,6 +27,10 @@ class DLRMConfig:
     @property
     def name(self) -> str:
         return "dlrm"
+
+    def __post_init__(self):
+        fields.whole(self, "num_tables", "rows_per_table", "embedding_dim", "dense_features",
+                     "bottom_hidden", "top_hidden")
 
 
 def _mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from labkit.models import fields
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -25,6 +27,7 @@ class GPTConfig:
         return "gpt"
 
     def __post_init__(self):
+        fields.whole(self, "vocab_size", "seq_len", "d_model", "n_heads", "n_layers")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by "
                              f"n_heads ({self.n_heads})")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from labkit.models import fields
+
 
 @dataclass(frozen=True)
 class MLPConfig:
@@ -20,6 +22,9 @@ class MLPConfig:
     @property
     def name(self) -> str:
         return "mlp"
+
+    def __post_init__(self):
+        fields.whole(self, "d_in", "d_hidden", "n_layers", "d_out")
 
 
 class MLP(nn.Module):

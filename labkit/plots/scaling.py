@@ -8,18 +8,22 @@ from matplotlib.figure import Figure
 
 def plot_losses(reports: dict, title: str = "loss per step") -> Figure:
     """Loss curves of several runs (``{label: TrainReport}``) on one axis, and their gap to
-    the first one: data parallelism keeps training equal to one device."""
+    the first one: data parallelism keeps training equal to one device. Runs may have
+    different step counts (a torchrun run of 20 steps beside a notebook's 10): the gap is
+    drawn over the steps they share."""
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     ax, ax_gap = fig.subplots(1, 2)
-    reference = next(iter(reports.values())).losses
+    reference = np.array(next(iter(reports.values())).losses)
     styles = ["-", "--", ":", "-."]
     for i, (label, report) in enumerate(reports.items()):
-        steps = np.arange(1, len(report.losses) + 1)
-        ax.plot(steps, report.losses, styles[i % 4], marker="o", ms=3, label=label, lw=2)
-        if i:
-            gap = np.abs(np.array(report.losses) - np.array(reference))
-            ax_gap.plot(steps, np.maximum(gap, 1e-12), styles[i % 4], marker="o", ms=3,
-                        label=label)
+        losses = np.array(report.losses)
+        ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o", ms=3,
+                label=label, lw=2)
+        shared = min(len(losses), len(reference))
+        if i and shared:
+            gap = np.abs(losses[:shared] - reference[:shared])
+            ax_gap.plot(np.arange(1, shared + 1), np.maximum(gap, 1e-12), styles[i % 4],
+                        marker="o", ms=3, label=label)
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.legend(fontsize=8)
     ax_gap.set(xlabel="step", ylabel="|loss - first run's loss|", yscale="log",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_run
 from labkit.memory.estimate import estimate_memory
+from labkit.memory.fit import model_state_note
+from labkit.memory.oom import DeviceOOM
 from labkit.train.config import TrainConfig
 from labkit.train.loop import train_on_rank
 from labkit.train.report import TrainReport
@@ -33,17 +35,25 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights).
     ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
     checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
-    when a rank runs out of memory. ``estimate``: trace the peak per rank beside the
+    when a rank runs out of memory; when the model state alone was more than the capacity
+    (worked out before the run), the error also says so, and what would fit. ``estimate``: trace the peak per rank beside the
     measurement (``labkit.estimate_memory``).
     """
     config = checked(cluster, config, **fields)
     saved = cluster.memory_per_device
     if memory_per_device is not _UNSET:
         cluster.memory_per_device = memory_per_device
+    note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
     try:
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
+    except DeviceOOM as oom:
+        if note:
+            oom.explain(note)
+        raise
     finally:
         cluster.memory_per_device = saved
     est = estimate_memory(config, cluster.world_size).to_dict() if estimate else None
-    return TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
-                       ranks.oversubscribed, list(ranks), est)
+    report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
+                         ranks.oversubscribed, list(ranks), est)
+    report.extra["shared_gpus"] = ranks.shared_gpus  # several ranks on one GPU: say so
+    return report

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from labkit.layout.layout import Layout
-from labkit.layout.presets import check_strategy
-from labkit.models import MLPConfig, ModelConfig, config_for
+from labkit.layout.presets import STRATEGIES
+from labkit.models import MLPConfig, ModelConfig, config_for, fields
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 PRECISIONS = ("fp32", "bf16", "mixed")
@@ -52,18 +52,12 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.model, str):
             object.__setattr__(self, "model", config_for(self.model))
-        check_strategy(self.strategy)
+        _check_fields(self)
         if self.layout is not None and not isinstance(self.layout, Layout):
             raise ValueError(f"layout is a labkit.Layout, not {self.layout!r}")
         if self.layout is not None and self.strategy != "single":
             raise ValueError(f"give a strategy name or a layout, not both (strategy="
                              f"{self.strategy!r}, layout={self.layout})")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: choose from {OPTIMIZERS}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}: choose from {PRECISIONS}")
-        if self.steps < 1 or self.global_batch < 1 or self.micro_batches < 1:
-            raise ValueError("steps, global_batch and micro_batches must be at least 1")
 
     @property
     def label(self) -> str:
@@ -91,3 +85,16 @@ class TrainConfig:
         layout = data.pop("layout", None)
         return cls(model=config_for(model.pop("name"), **model),
                    layout=Layout(**layout) if layout is not None else None, **data)
+
+
+def _check_fields(config: TrainConfig) -> None:
+    """Every field's type and range, before anything is sent to a rank."""
+    if not isinstance(config.model, ModelConfig):
+        raise TypeError(f"TrainConfig.model must be a zoo config or name, got {config.model!r}")
+    fields.one_of(config, "strategy", STRATEGIES)
+    fields.whole(config, "global_batch", "steps", "micro_batches")
+    fields.whole(config, "seed", minimum=0)
+    fields.positive(config, "lr", "bucket_cap_mb")
+    fields.one_of(config, "optimizer", OPTIMIZERS)
+    fields.one_of(config, "precision", PRECISIONS)
+    fields.flag(config, "return_weights")

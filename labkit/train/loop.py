@@ -111,7 +111,9 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     always_tracked = ctx.memory.capacity_bytes is not None  # a cap tracks the whole job
     with ctx.memory as tracker:
         tracker.reset_peak()
-        built = build(run, config)
+        with tracker.label_as("parameters"):  # a cap too small for the weights says so
+            built = build(run, config)
+        relabel_live(tracker, "parameters")  # the real weights are filed again just below
         tracker.track_external(*built.modules, built.optimizer)
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
         for observer in observers:

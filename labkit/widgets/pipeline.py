@@ -21,10 +21,9 @@ class PipelineExplorer:
     def report(self, stages: int, micro_batches: int):
         key = (stages, micro_batches)
         if key not in self._reports:
-            if self.cluster.world_size != stages:
-                self.cluster.resize(stages)  # only when the stage count changes
-            self._reports[key] = train(self.cluster, self.config, strategy=self.schedule,
-                                       micro_batches=micro_batches)
+            with self.cluster.resized(stages):  # and back to the rank count it had
+                self._reports[key] = train(self.cluster, self.config, strategy=self.schedule,
+                                           micro_batches=micro_batches)
         return self._reports[key]
 
     def figure(self, stages: int, micro_batches: int) -> Figure:

@@ -46,14 +46,13 @@ class RecommenderExplorer:
                                  row_wise=self.strategy == "row_wise")
             except PlanError:
                 plan = dlrm_plan(config, world_size, self.capacity, row_wise=True)
-            if self.cluster.world_size != world_size:
-                self.cluster.resize(world_size)  # only when the GPU count changes
             out = {"plan": plan, "plan_fits": plan.fits, "report": None, "oom": None}
-            try:
-                out["report"] = train(self.cluster, config, memory_per_device=self.capacity,
-                                      estimate=False)
-            except DeviceOOM as oom:
-                out["oom"] = oom
+            with self.cluster.resized(world_size):  # and back to the rank count it had
+                try:
+                    out["report"] = train(self.cluster, config,
+                                          memory_per_device=self.capacity, estimate=False)
+                except DeviceOOM as oom:
+                    out["oom"] = oom
             out["fits"] = out["oom"] is None
             self._cache[key] = out
         return self._cache[key]

@@ -31,11 +31,11 @@ class ScalingExplorer:
     def point(self, params: int, world_size: int) -> ScalingPoint:
         key = (params, world_size)
         if key not in self._points:
-            if self.cluster.world_size != world_size:
-                self.cluster.resize(world_size)  # only when the GPU count changes
-            report = train(self.cluster, self.configs[params], estimate=False)
-            if world_size > 1 and not self._bandwidth:
-                self._bandwidth = measure_bus_bandwidth(self.cluster, report.comm_bytes_per_step)
+            with self.cluster.resized(world_size):  # and back to the rank count it had
+                report = train(self.cluster, self.configs[params], estimate=False)
+                if world_size > 1 and not self._bandwidth:
+                    self._bandwidth = measure_bus_bandwidth(self.cluster,
+                                                            report.comm_bytes_per_step)
             split = report.split()
             self._points[key] = ScalingPoint(
                 world_size, report.config.global_batch, split["step_s"], split["compute_s"],

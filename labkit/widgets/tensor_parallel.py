@@ -46,11 +46,10 @@ class TensorParallelExplorer:
 
     def report(self, degree: int):
         if degree not in self._reports:
-            if self.cluster.world_size != degree:
-                self.cluster.resize(degree)  # only when the degree changes
-            self._reports[degree] = train(self.cluster, self.config,
-                                          strategy=_strategy(degree), memory_per_device=None,
-                                          estimate=False)
+            with self.cluster.resized(degree):  # and back to the rank count it had
+                self._reports[degree] = train(self.cluster, self.config,
+                                              strategy=_strategy(degree),
+                                              memory_per_device=None, estimate=False)
         return self._reports[degree]
 
     def result(self, degree: int) -> dict:

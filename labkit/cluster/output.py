@@ -1,0 +1,86 @@
+"""What ranks print, shown in the notebook line by line with a ``[rank r]`` prefix.
+
+A rank's file descriptors 1 and 2 are pipes whose read ends live here, so everything written
+there arrives: Python's ``print``, C and C++ output (NCCL's warnings, the watchdog's reason),
+``faulthandler``'s dump of a crashing rank. Text is decoded as it comes and shown in whole
+lines; a line still open when the run ends (``print(".", end="")`` in a loop) is shown then,
+as one line.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+
+_READ_BYTES = 1 << 16
+
+
+class RankStream:
+    """The read end of one rank's stdout or stderr pipe."""
+
+    def __init__(self, fd: int, rank: int, name: str):
+        os.set_blocking(fd, False)
+        self.fd, self.rank, self.name = fd, rank, name
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._open_line = ""
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def _target(self):
+        return sys.stdout if self.name == "stdout" else sys.stderr
+
+    def read(self) -> bool:
+        """Show every whole line available now; False once the rank's end is closed."""
+        if self.fd < 0:
+            return False
+        text = []
+        while True:
+            try:
+                data = os.read(self.fd, _READ_BYTES)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self._show(self._decoder.decode(b"", final=True))
+                self.end_line()
+                self.close()
+                return False
+            text.append(self._decoder.decode(data))
+        self._show("".join(text))
+        return True
+
+    def _show(self, text: str) -> None:
+        if not text:
+            return
+        text = self._open_line + text
+        whole, newline, self._open_line = text.rpartition("\n")
+        if newline:
+            prefix = f"[rank {self.rank}] "
+            self._target().write("".join(prefix + line + "\n" for line in whole.split("\n")))
+
+    def end_line(self) -> None:
+        """Show a line left open (no newline yet) as a line of its own."""
+        if self._open_line:
+            line, self._open_line = self._open_line, ""
+            self._target().write(f"[rank {self.rank}] {line}\n")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def drain(streams, end_lines: bool = True) -> None:
+    """Show what ``streams`` hold now (all of it: the ranks wrote it before they answered)."""
+    for stream in streams:
+        stream.read()
+        if end_lines:
+            stream.end_line()
+    for target in (sys.stdout, sys.stderr):
+        try:
+            target.flush()
+        except (OSError, ValueError):
+            pass
