@@ -1,0 +1,7 @@
+"""The classroom around the notebooks: learners' notebooks built from the course sources,
+quizzes scored, submissions graded, defaults fitted to the machine.
+
+``release.py`` strips solutions (nbgrader's conventions); ``quizzes.py`` reads and scores
+quizzes; ``grade.py`` executes submissions and writes a CSV; ``machine.py`` picks rank counts
+this machine can run one core (or GPU) each.
+"""
