@@ -5,8 +5,8 @@ A quiz file: ``{"questions": [...]}``, each question one of
 
 * a choice: ``{"id", "question", "options": [...], "answer": index, "explanations": [one per
   option], "evidence": {option index: {"notebook", "cell", "section"}}}`` (evidence is
-  optional: the run in the suite that confirms or refutes that option, a cell tagged
-  ``evidence:<cell>`` under the heading ``section`` of that notebook);
+  optional: the runs in the suite that confirm or refute that option, one or a list of
+  cells tagged ``evidence:<cell>`` under the heading ``section`` of that notebook);
 * a number read from a plot the learner just made: ``{"id", "kind": "number", "question",
   "value": name, "tolerance": relative, "unit", "explanation"}``; the notebook passes the
   measured value (``values={name: ...}``), so the right answer is this machine's own.
@@ -54,6 +54,11 @@ class Question:
                                 "needs the name of its measured value and a tolerance > 0")
         else:
             raise QuizError(f"question {self.question!r}: unknown kind {self.kind!r}")
+
+    def references(self, choice: int) -> list[dict]:
+        """The runs that confirm or refute option ``choice``: [{notebook, cell, section}]."""
+        refs = self.evidence.get(choice, [])
+        return [refs] if isinstance(refs, dict) else list(refs)
 
     def expected(self, values: dict) -> float | None:
         if self.kind != "number":

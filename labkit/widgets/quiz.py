@@ -16,12 +16,12 @@ from labkit.classroom.quizzes import RECORD_MIME, Question, QuizRecord, load_qui
 
 
 def _evidence_html(question: Question, choice: int) -> str:
-    ref = question.evidence.get(choice)
-    if not ref:
-        return ""
-    anchor = ref["section"].replace(" ", "-")
-    return (f"<br><i>Seen in a run: <a href='{ref['notebook']}.ipynb#{html.escape(anchor)}'>"
-            f"{html.escape(ref['notebook'])} · {html.escape(ref['section'])}</a></i>")
+    """Links to the runs that confirm or refute option ``choice`` (JupyterLab opens a
+    notebook at a heading from ``name.ipynb#Heading-text``)."""
+    links = [f"<a href='{r['notebook']}.ipynb#{html.escape(r['section'].replace(' ', '-'))}'>"
+             f"{html.escape(r['notebook'])} · {html.escape(r['section'])}</a>"
+             for r in question.references(choice)]
+    return f"<br><i>Seen in a run: {', '.join(links)}</i>" if links else ""
 
 
 def _record_bundle(record: QuizRecord, questions: list[Question]) -> dict:
