@@ -36,9 +36,12 @@ def _learner_line(remote_traceback: str) -> str:
 def run_checked(cluster, exercise: str, where: str, job, *args, timeout: float | None = None,
                 hang_hint: str = "", **kwargs) -> Outcome:
     """``cluster.run(job, *args, **kwargs)``; failures become a verdict on ``exercise``
-    (``where`` names the learner's function or class in messages)."""
+    (``where`` names the learner's function or class in messages). The cluster's memory cap
+    is lifted for the job (checks that measure memory set their own) and put back."""
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    saved = cluster.memory_per_device
     try:
+        cluster.memory_per_device = None
         return Outcome(values=list(cluster.run(job, *args, timeout=timeout, **kwargs)))
     except RunTimeout:
         return Outcome(verdict=failed(
@@ -59,6 +62,8 @@ def run_checked(cluster, exercise: str, where: str, job, *args, timeout: float |
         return Outcome(verdict=failed(
             exercise, f"{where} raised on rank {error.rank}: {error.message}",
             [f"at {line}"] if line else [], rank=error.rank))
+    finally:
+        cluster.memory_per_device = saved
 
 
 def describe_exception(exc: BaseException) -> str:
