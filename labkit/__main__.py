@@ -33,6 +33,8 @@ def _grade_arguments(parser) -> None:
                         help="seconds allowed per submission (default 1800)")
     parser.add_argument("--cell-timeout", type=float, default=300,
                         help="seconds allowed per cell (default 300)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="submissions graded at once (each in its own process; default 1)")
     parser.add_argument("--quizzes", type=Path, default=None,
                         help="the quiz files (default: the suite's notebooks/quizzes)")
     parser.add_argument("--source", type=Path, default=None,
@@ -58,7 +60,7 @@ def _grade(args) -> int:
     from labkit.classroom.grade import grade
 
     grade(args.submissions, args.out, args.quizzes, args.source, json.loads(args.parameters),
-          args.cell_timeout, args.timeout)
+          args.cell_timeout, args.timeout, args.jobs)
     print(f"wrote {args.out}")
     return 0
 

@@ -159,12 +159,21 @@ def _execute(src: Path, dst: Path, work: Path, parameters: dict, cell_timeout: f
         log.close()
     if code == 0:
         return "graded", ""
-    tail = (work / "papermill.log").read_text(errors="replace").strip().splitlines()[-3:]
+    log_text = (work / "papermill.log").read_text(errors="replace")
+    if "CellTimeoutError" in log_text or "Cell execution timed out" in log_text:
+        return "timeout", f"a cell ran past the cell time limit ({cell_timeout:g} s)"
+    tail = log_text.strip().splitlines()[-3:]
     return "error", " | ".join(tail)[-400:]
 
 
+PAPERMILL_TAGS = {"papermill-error-cell-tag", "injected-parameters"}
+
+
 def _where_it_stopped(notebook) -> str:
-    for index, cell in enumerate(notebook.cells):
+    """"cell N raised ...", N counting the submission's own cells (not papermill's)."""
+    own = [c for c in notebook.cells
+           if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
+    for index, cell in enumerate(own):
         error = _error(cell)
         if error:
             return f"cell {index} raised {error}"
@@ -205,19 +214,25 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
 
 def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | None = None,
           parameters: dict | None = None, cell_timeout: float = 300,
-          timeout: float = 1800, echo=print) -> list[Submission]:
-    """Grade every submission in ``paths`` (one after another) and write ``out`` (CSV)."""
+          timeout: float = 1800, jobs: int = 1, echo=print) -> list[Submission]:
+    """Grade every submission in ``paths`` and write ``out`` (CSV, in the order given).
+    ``jobs`` submissions run at once, each in its own process and folder."""
+    from concurrent.futures import ThreadPoolExecutor
+
     quiz_dir = Path(quiz_dir or REPO / "notebooks" / "quizzes")
     source_dir = source_dir if source_dir is not None else (
         REPO / "course" if (REPO / "course").is_dir() else None)
-    results = []
-    for path in paths:
+
+    def one(path) -> Submission:
         result = grade_submission(Path(path), quiz_dir, source_dir, parameters,
                                   cell_timeout, timeout)
         row = result.row()
         echo(f"{path}: {result.status}, {row['points']}/{row['max_points']} points"
              + (f" ({result.detail})" if result.detail else ""))
-        results.append(result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, paths))
     rows = [r.row() for r in results]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     with open(out, "w", newline="") as f:

@@ -1,0 +1,97 @@
+"""``python -m labkit grade``: a correct, a wrong, a broken and a hanging submission, graded in
+one call; each gets its row, and the hanging one does not stop the others."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+
+from labkit.__main__ import main
+from labkit.classroom.grade import grade_submission, restore_checks
+from labkit.classroom.quizzes import RECORD_MIME
+from tests.exercises import answer_source
+
+REPO = Path(__file__).resolve().parent.parent
+ANSWER = {"nbgrader": {"grade": False, "grade_id": "ring_answer", "locked": False,
+                       "schema_version": 3, "solution": True, "task": False}}
+CHECK = {"nbgrader": {"grade": True, "grade_id": "ring_check", "locked": True, "points": 3,
+                      "schema_version": 3, "solution": False, "task": False}}
+SETUP = ("import torch\nimport torch.distributed as dist\nimport labkit\n"
+         "cluster = labkit.Cluster(2, device='cpu', progress=False)")
+CHECK_CELL = "ring = labkit.check.ring_all_reduce(cluster, ring_all_reduce)\ndisplay(ring)"
+WRONG = "def ring_all_reduce(ctx, tensor):\n    return tensor  # forgot to add anything"
+
+
+def _submission(path, *cells, quiz=None):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    for source, metadata in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata.update(metadata)
+        nb.cells.append(cell)
+    if quiz:  # what the quiz widget saved while the learner answered
+        nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={
+            "text/plain": "quiz", RECORD_MIME: quiz})]
+    nbformat.write(nb, path)
+
+
+def test_grade_a_folder_of_submissions(tmp_path):
+    reference = answer_source("00_your_cluster", "ring_all_reduce_answer")
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    quiz = {"quiz": "00_your_cluster", "answers": {
+        "why-clusters": {"first": 1, "tries": 1}, "sum-of-ranks": {"first": 0, "tries": 2}},
+        "expected": {}, "score": 4, "max": 4}  # the saved score is not trusted
+    _submission(folder / "a_correct.ipynb", (SETUP, {}), (reference, ANSWER),
+                (CHECK_CELL, CHECK), quiz=quiz)
+    _submission(folder / "b_wrong.ipynb", (SETUP, {}), (WRONG, ANSWER), (CHECK_CELL, CHECK))
+    _submission(folder / "c_broken.ipynb", ("1 / 0", {}), (SETUP, {}), (WRONG, ANSWER),
+                (CHECK_CELL, CHECK))
+    _submission(folder / "d_hangs.ipynb", ("import time\ntime.sleep(600)", {}),
+                (WRONG, ANSWER), (CHECK_CELL, CHECK))
+    out = tmp_path / "grades.csv"
+    start = time.monotonic()
+    assert main(["grade", *sorted(map(str, folder.glob("*.ipynb"))), "--out", str(out),
+                 "--timeout", "120", "--cell-timeout", "20", "--source", str(tmp_path),
+                 "--jobs", "2"]) == 0
+    assert time.monotonic() - start < 120
+    rows = {row["notebook"]: row for row in csv.DictReader(open(out))}
+    assert rows["a_correct"]["status"] == "graded" and rows["a_correct"]["points"] == "3"
+    assert rows["a_correct"]["exercise:ring_check"] == "passed"
+    assert rows["a_correct"]["quiz:00_your_cluster"] == "1/4"
+    assert rows["b_wrong"]["status"] == "graded" and rows["b_wrong"]["points"] == "0"
+    assert rows["b_wrong"]["exercise:ring_check"] == "failed"
+    assert rows["c_broken"]["status"] == "error"
+    assert rows["c_broken"]["detail"] == "cell 0 raised ZeroDivisionError: division by zero"
+    assert rows["c_broken"]["exercise:ring_check"] == "not run"
+    assert rows["d_hangs"]["status"] == "timeout" and rows["d_hangs"]["max_points"] == "3"
+    assert "cell time limit" in rows["d_hangs"]["detail"]
+    assert rows["d_hangs"]["exercise:ring_check"] == "not run"
+
+
+def test_a_notebook_past_its_time_limit_is_killed_with_its_kernel(tmp_path):
+    _submission(tmp_path / "slow.ipynb", ("import time\ntime.sleep(600)", {}))
+    result = grade_submission(tmp_path / "slow.ipynb", REPO / "notebooks" / "quizzes",
+                              timeout=8, cell_timeout=600)
+    assert result.status == "timeout" and "stopped after 8 s" in result.detail
+    assert result.seconds < 30
+    assert not psutil.Process().children(recursive=True)  # papermill and its kernel are gone
+
+
+def test_check_cells_are_restored_from_the_source():
+    source, submission = nbformat.v4.new_notebook(), nbformat.v4.new_notebook()
+    real = nbformat.v4.new_code_cell(CHECK_CELL + "\n### BEGIN HIDDEN TESTS\nring.assert_passed()"
+                                     "\n### END HIDDEN TESTS")
+    real.metadata.update(CHECK)
+    edited = nbformat.v4.new_code_cell("print('passed')")
+    edited.metadata.update(CHECK)
+    source.cells, submission.cells = [real], [edited]
+    assert restore_checks(submission, source) == []
+    assert submission.cells[0].source == CHECK_CELL  # the learners' version: no hidden tests
+    submission.cells = []
+    assert restore_checks(submission, source) == ["ring_check"]
