@@ -47,31 +47,31 @@ def test_grade_a_folder_of_submissions(tmp_path):
     quiz = {"quiz": "00_your_cluster", "answers": {
         "why-clusters": {"first": 1, "tries": 1}, "sum-of-ranks": {"first": 0, "tries": 2}},
         "expected": {}, "score": 4, "max": 4}  # the saved score is not trusted
-    _submission(folder / "a_correct.ipynb", (SETUP, {}), (reference, ANSWER),
+    _submission(folder / "b_correct.ipynb", (SETUP, {}), (reference, ANSWER),
                 (CHECK_CELL, CHECK), quiz=quiz)
-    _submission(folder / "b_wrong.ipynb", (SETUP, {}), (WRONG, ANSWER), (CHECK_CELL, CHECK))
-    _submission(folder / "c_broken.ipynb", ("1 / 0", {}), (SETUP, {}), (WRONG, ANSWER),
+    _submission(folder / "c_wrong.ipynb", (SETUP, {}), (WRONG, ANSWER), (CHECK_CELL, CHECK))
+    _submission(folder / "d_broken.ipynb", ("1 / 0", {}), (SETUP, {}), (WRONG, ANSWER),
                 (CHECK_CELL, CHECK))
-    _submission(folder / "d_hangs.ipynb", ("import time\ntime.sleep(600)", {}),
+    _submission(folder / "a_hangs.ipynb", ("import time\ntime.sleep(600)", {}),
                 (WRONG, ANSWER), (CHECK_CELL, CHECK))
     out = tmp_path / "grades.csv"
     start = time.monotonic()
     assert main(["grade", *sorted(map(str, folder.glob("*.ipynb"))), "--out", str(out),
                  "--timeout", "120", "--cell-timeout", "20", "--source", str(tmp_path),
-                 "--jobs", "2"]) == 0
+                 "--jobs", "3"]) == 0
     assert time.monotonic() - start < 120
     rows = {row["notebook"]: row for row in csv.DictReader(open(out))}
-    assert rows["a_correct"]["status"] == "graded" and rows["a_correct"]["points"] == "3"
-    assert rows["a_correct"]["exercise:ring_check"] == "passed"
-    assert rows["a_correct"]["quiz:00_your_cluster"] == "1/4"
-    assert rows["b_wrong"]["status"] == "graded" and rows["b_wrong"]["points"] == "0"
-    assert rows["b_wrong"]["exercise:ring_check"] == "failed"
-    assert rows["c_broken"]["status"] == "error"
-    assert rows["c_broken"]["detail"] == "cell 0 raised ZeroDivisionError: division by zero"
-    assert rows["c_broken"]["exercise:ring_check"] == "not run"
-    assert rows["d_hangs"]["status"] == "timeout" and rows["d_hangs"]["max_points"] == "3"
-    assert "cell time limit" in rows["d_hangs"]["detail"]
-    assert rows["d_hangs"]["exercise:ring_check"] == "not run"
+    assert rows["b_correct"]["status"] == "graded" and rows["b_correct"]["points"] == "3"
+    assert rows["b_correct"]["exercise:ring_check"] == "passed"
+    assert rows["b_correct"]["quiz:00_your_cluster"] == "1/4"
+    assert rows["c_wrong"]["status"] == "graded" and rows["c_wrong"]["points"] == "0"
+    assert rows["c_wrong"]["exercise:ring_check"] == "failed"
+    assert rows["d_broken"]["status"] == "error"
+    assert rows["d_broken"]["detail"] == "cell 0 raised ZeroDivisionError: division by zero"
+    assert rows["d_broken"]["exercise:ring_check"] == "not run"
+    assert rows["a_hangs"]["status"] == "timeout" and rows["a_hangs"]["max_points"] == "3"
+    assert "cell time limit" in rows["a_hangs"]["detail"]
+    assert rows["a_hangs"]["exercise:ring_check"] == "not run"
 
 
 def test_a_notebook_past_its_time_limit_is_killed_with_its_kernel(tmp_path):
