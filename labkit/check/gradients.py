@@ -27,17 +27,19 @@ BUCKET_CAP_MB = 0.02  # small, so that DDP makes several buckets of this small m
 
 def _slice_and_reference(ctx):
     """(model, inputs and targets of this rank's slice, the whole batch's gradients)."""
-    inputs, targets = make_batch(MODEL, 0, BATCH)
+    inputs, targets = (t.to(ctx.device) for t in make_batch(MODEL, 0, BATCH))
     reference = build_model(MODEL, ctx.device)
     loss_fn(MODEL)(reference(inputs), targets).backward()
     share = BATCH // ctx.world_size
     mine = slice(ctx.rank * share, (ctx.rank + 1) * share)
     model = build_model(MODEL, ctx.device)
-    return model, inputs[mine], targets[mine], [p.grad.clone() for p in reference.parameters()]
+    return model, inputs[mine], targets[mine], [p.grad.cpu().clone()
+                                                for p in reference.parameters()]
 
 
 def _grads(model) -> list:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    return [None if p.grad is None else p.grad.detach().cpu().clone()
+            for p in model.parameters()]
 
 
 def _average_job(ctx, fn) -> dict:

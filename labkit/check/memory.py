@@ -40,7 +40,7 @@ def _measure(ctx, config: MLPConfig, batch: int) -> dict:
     measured = {"parameters": tracker.live()["activations"] + tracker.live()["parameters"]}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     with tracker:
-        inputs, targets = make_batch(config, 0, batch)
+        inputs, targets = (t.to(ctx.device) for t in make_batch(config, 0, batch))
         base = tracker.live()["activations"] - inputs.nbytes - targets.nbytes
         loss = loss_fn(config)(model(inputs), targets)
         measured["activations"] = tracker.live()["activations"] - base

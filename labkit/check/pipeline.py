@@ -59,7 +59,7 @@ def _timed(stage: nn.Module, events: list) -> None:
 
 
 def _job(ctx, fn) -> dict:
-    inputs, targets = make_batch(MODEL, 0, BATCH)
+    inputs, targets = (t.to(ctx.device) for t in make_batch(MODEL, 0, BATCH))
     reference = build_model(MODEL, ctx.device)
     full_loss = loss_fn(MODEL)(reference(inputs), targets)
     full_loss.backward()
@@ -76,7 +76,8 @@ def _job(ctx, fn) -> dict:
     grads = [(p.grad, r.grad) for p, r in zip(stage.parameters(),
                                               nn.Sequential(*ref_stage).parameters(),
                                               strict=True)]
-    return {"grads": [(None if g is None else g.clone(), r.clone()) for g, r in grads],
+    return {"grads": [(None if g is None else g.cpu().clone(), r.cpu().clone())
+                      for g, r in grads],
             "loss": float(loss) if ctx.rank == 1 and loss is not None else None,
             "full_loss": full_loss.item(), "events": events, "traffic": traffic.to_dict()}
 

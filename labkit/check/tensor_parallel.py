@@ -29,9 +29,10 @@ def _close(a, b) -> bool:
 def _job(ctx, column_class, row_class) -> dict:
     n, r = ctx.world_size, ctx.rank
     torch.manual_seed(0)
-    first, second = nn.Linear(D_IN, D_HIDDEN), nn.Linear(D_HIDDEN, D_OUT)
-    x = torch.randn(BATCH, D_IN)
-    weight = torch.randn(BATCH, D_OUT)  # the loss is (y * weight).sum(): any gradient works
+    with torch.device(ctx.device):  # (batch, in) -> (batch, hidden) -> (batch, out)
+        first, second = nn.Linear(D_IN, D_HIDDEN), nn.Linear(D_HIDDEN, D_OUT)
+        x = torch.randn(BATCH, D_IN)
+        weight = torch.randn(BATCH, D_OUT)  # the loss is (y * weight).sum(): any gradient works
     x_ref = x.clone().requires_grad_()
     hidden_ref = first(x_ref)
     (second(torch.relu(hidden_ref)) * weight).sum().backward()

@@ -38,7 +38,7 @@ def _job(ctx, zero_class) -> dict:
     with tracker:
         optimizer = zero_class(ctx, list(model.parameters()), LR)
     for step in range(STEPS):
-        inputs, targets = make_batch(MODEL, step, BATCH)
+        inputs, targets = (t.to(ctx.device) for t in make_batch(MODEL, step, BATCH))
         loss_fn(MODEL)(reference(inputs), targets).backward()
         ref_optimizer.step()
         ref_optimizer.zero_grad()

@@ -34,6 +34,14 @@ class MachineFit:
     gpus: int
     offered: tuple[int, ...]
     oversubscribed: tuple[int, ...]
+    oversubscribe: bool = False
+
+    def fitting(self, counts) -> list[int]:
+        """``counts`` without those that would share cores (all of them with
+        ``oversubscribe``): what a sweep runs by default; the rest stay on the sliders."""
+        over = set() if self.oversubscribe else {n for n in counts
+                                                 if self.gpus < n and n > self.cores}
+        return [n for n in counts if n not in over]
 
     @property
     def why(self) -> str:
@@ -44,9 +52,11 @@ class MachineFit:
                 return (f"{self.wanted} ranks as asked (oversubscribe=True) on {self.cores} "
                         "physical cores: ranks share cores, so their times are not those of "
                         "separate devices (results say 'oversubscribed').")
-            return f"{self.wanted} ranks, one per physical core (virtual GPUs)."
-        return (f"{self.world_size} ranks instead of {self.wanted}: this machine has "
-                f"{self.cores} physical cores and {self.gpus or 'no'} GPUs, and a virtual GPU "
+            return (f"{self.wanted} rank{'s' * (self.wanted > 1)}, one per physical core "
+                    "(virtual GPUs).")
+        return (f"{self.world_size} rank{'s' * (self.world_size > 1)} instead of "
+                f"{self.wanted}: this machine has {self.cores} physical cores and "
+                f"{self.gpus or 'no'} GPUs, and a virtual GPU "
                 f"is one core. More ranks would share cores and measure their turn-taking, "
                 f"not separate devices. Set oversubscribe = True to start {self.wanted} anyway.")
 
@@ -71,4 +81,4 @@ def fit_to_machine(wanted: int, offered=(), oversubscribe: bool = False,
     capacity = gpus if gpus >= 2 else cores
     world_size = wanted if oversubscribe else min(wanted, max(capacity, at_least))
     over = tuple(n for n in offered if gpus < n and n > cores)
-    return MachineFit(wanted, world_size, cores, gpus, tuple(offered), over)
+    return MachineFit(wanted, world_size, cores, gpus, tuple(offered), over, oversubscribe)
