@@ -55,23 +55,27 @@ def main() -> None:
         if args.only and path.stem not in args.only:
             continue
         parameters = dict(NOTEBOOKS[path.stem][0]) if args.quick else {}
+        error = None
         with tempfile.TemporaryDirectory() as tmp:
             start = time.monotonic()
-            papermill.execute_notebook(str(path), str(Path(tmp) / path.name),
-                                       parameters={**parameters, "interactive": False},
-                                       kernel_name="python3", cwd=str(path.parent),
-                                       progress_bar=False, execution_timeout=1800)
+            try:
+                papermill.execute_notebook(str(path), str(Path(tmp) / path.name),
+                                           parameters={**parameters, "interactive": False},
+                                           kernel_name="python3", cwd=str(path.parent),
+                                           progress_bar=False, execution_timeout=1800)
+            except papermill.PapermillExecutionError as failure:
+                error = f"cell {failure.exec_count}: {failure.ename}: {failure.evalue}"[:300]
             seconds = time.monotonic() - start
         learner = learner_minutes(nbformat.read(path, as_version=4),
                                   REPO / "notebooks" / "quizzes" / f"{path.stem}.json")
         learner["estimate_min"] += seconds / 60
-        figures["notebooks"][path.stem] = {"machine_s": round(seconds, 1),
+        figures["notebooks"][path.stem] = {"machine_s": round(seconds, 1), "error": error,
                                            **{k: round(v, 1) if isinstance(v, float) else v
                                               for k, v in learner.items()}}
         print(f"{path.stem}: machine {seconds:.0f} s; learner about "
               f"{learner['estimate_min']:.0f} min (estimated: {learner['words']} words, "
-              f"{learner['exercises']} exercise(s), {learner['questions']} questions)",
-              flush=True)
+              f"{learner['exercises']} exercise(s), {learner['questions']} questions)"
+              + (f"; FAILED at {error}" if error else ""), flush=True)
     print(json.dumps(figures))
 
 

@@ -132,5 +132,6 @@ def pipeline_step(cluster, fn, timeout: float | None = None) -> CheckResult:
                   f"with {MICRO_BATCHES} micro-batches; measured bubble {bubble:.0%} beside "
                   f"(p-1)/(m+p-1) = {theory:.0%}.",
                   [f"each stage sent {format_bytes(sent[0])} (activations forward, gradients "
-                   "back); a measured bubble above the formula's comes from unequal stages "
-                   "and the cost of each send"], **measured)
+                   "back); a measured bubble above the formula's comes from unequal stages, "
+                   "the cost of each send, and sends that block (dist.isend lets stage 0 go "
+                   "on while an activation travels)"], **measured)
