@@ -45,7 +45,7 @@ def test_quiz_is_well_formed_and_asks_for_a_number_from_a_plot(path):
 def test_score_counts_first_answers_and_retries_show_explanations():
     questions = load_quiz(REPO / "notebooks" / "quizzes" / "00_your_cluster.json")
     saved = []
-    box = quiz_widget(questions, {"largest_busbw": 1.5}, "00_your_cluster",
+    box = quiz_widget(questions, {"largest_algbw": 1.5}, "00_your_cluster",
                       on_change=lambda record: saved.append(record.to_dict(questions)))
     first = box.children[0]
     radio, feedback = first.children[1], first.children[2]
@@ -55,10 +55,10 @@ def test_score_counts_first_answers_and_retries_show_explanations():
     radio.value = questions[0].answer  # retry: right now, the score keeps the first answer
     assert "Right." in feedback.value
     assert saved[-1]["score"] == 0 and saved[-1]["answers"]["why-clusters"]["tries"] == 2
-    number = box.children[3].children[1]  # the bus-bandwidth question: a number and a button
+    number = box.children[3].children[1]  # the bandwidth question: a number and a button
     number.children[0].value = 1.6
     number.children[1].click()
-    assert saved[-1]["score"] == 1 and saved[-1]["expected"]["busbw"] == 1.5
+    assert saved[-1]["score"] == 1 and saved[-1]["expected"]["algbw"] == 1.5
 
 
 def test_record_rescoring_does_not_trust_the_saved_score():
