@@ -79,7 +79,9 @@ def quiz_scores(notebook, quiz_dir: Path) -> dict[str, tuple[int, int]]:
     scores = {}
     for cell in notebook.cells:
         for record in _bundles(cell, RECORD_MIME):
-            path = Path(quiz_dir) / f"{record['quiz']}.json"
+            path = Path(quiz_dir) / f"{record.get('quiz')}.json"
+            if not path.exists():
+                continue  # a quiz this course does not have: nothing to score it against
             questions = load_quiz(path)
             expected = record.get("expected", {})
             score = sum(q.is_right(record["answers"][q.id]["first"], expected.get(q.id))
@@ -224,8 +226,12 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         REPO / "course" if (REPO / "course").is_dir() else None)
 
     def one(path) -> Submission:
-        result = grade_submission(Path(path), quiz_dir, source_dir, parameters,
-                                  cell_timeout, timeout)
+        try:
+            result = grade_submission(Path(path), quiz_dir, source_dir, parameters,
+                                      cell_timeout, timeout)
+        except Exception as exc:  # noqa: BLE001 - one submission never stops the others
+            result = Submission(Path(path), "error", f"grading failed: {type(exc).__name__}: "
+                                f"{exc}"[:400])
         row = result.row()
         echo(f"{path}: {result.status}, {row['points']}/{row['max_points']} points"
              + (f" ({result.detail})" if result.detail else ""))
