@@ -7,7 +7,8 @@
 
 Both checks train the same small MLP on every rank with a slice of one batch and compare the
 gradients with those of one device on the whole batch (computed on the rank too), and count the
-collectives: one AllReduce per gradient for the first, one per bucket for the second.
+collectives: at least one for the first, one AllReduce per bucket (and nothing else) for the
+second. Both run at the cluster's rank count and at a second one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from labkit.check.result import CheckResult, failed, passed
-from labkit.check.runner import run_checked
+from labkit.check.runner import at_two_sizes, run_checked
 from labkit.check.wire import Traffic
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
 
@@ -115,6 +116,11 @@ def average_gradients(cluster, fn, timeout: float | None = None) -> CheckResult:
     exercise = "average_gradients"
     if BATCH % cluster.world_size:
         return failed(exercise, f"the check splits {BATCH} samples: use 1, 2, 4 or 8 ranks")
+    return at_two_sizes(cluster, lambda: _average_once(cluster, fn, timeout))
+
+
+def _average_once(cluster, fn, timeout: float | None) -> CheckResult:
+    exercise = "average_gradients"
     outcome = run_checked(cluster, exercise, "average_gradients", _average_job, fn,
                           timeout=timeout, hang_hint="A rank is waiting in a collective that "
                           "another rank never calls: every rank must make the same "
@@ -136,6 +142,11 @@ def bucket_hook(cluster, hook, timeout: float | None = None) -> CheckResult:
     exercise = "bucket_hook"
     if BATCH % cluster.world_size:
         return failed(exercise, f"the check splits {BATCH} samples: use 1, 2, 4 or 8 ranks")
+    return at_two_sizes(cluster, lambda: _hook_once(cluster, hook, timeout))
+
+
+def _hook_once(cluster, hook, timeout: float | None) -> CheckResult:
+    exercise = "bucket_hook"
     outcome = run_checked(cluster, exercise, "bucket_hook", _hook_job, hook, timeout=timeout,
                           hang_hint="DDP waits for the future your hook returns: return the "
                           "future of the collective (work.get_future()), chained with .then "
@@ -145,10 +156,16 @@ def bucket_hook(cluster, hook, timeout: float | None = None) -> CheckResult:
 
     def pattern(ranks):
         r = ranks[0]
-        calls = sum(c[0] for c in r["traffic"]["collectives"].values())
+        kinds = r["traffic"]["collectives"]
+        calls = sum(c[0] for c in kinds.values())
         if calls > r["buckets"]:
             return [f"your hook issued {calls} collectives for {r['buckets']} buckets: "
                     "average the bucket's flat buffer, bucket.buffer(), in one AllReduce"]
+        others = sorted(set(kinds) - {"all_reduce"})
+        if others:
+            return [f"your hook ran {', '.join(others)}: average the bucket with one "
+                    "all_reduce (an all-gather receives N copies of the bucket, where a ring "
+                    "AllReduce moves 2(N-1)/N of it)"]
         return []
 
     return _verdict(exercise, outcome.values, cluster.world_size, pattern)

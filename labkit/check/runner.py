@@ -5,17 +5,60 @@ what it did). Whatever the function does, the notebook gets an answer: a result,
 ``CheckResult`` that says the exercise is not attempted yet, that the function raised (where,
 on which rank), or that it hung (the ranks are stopped after ``timeout`` seconds; the cluster
 starts fresh ranks on its next run, so the lesson goes on).
+
+``at_two_sizes`` runs a check that passed once more at another rank count (CPU ranks: the
+cluster is resized for it and back), so that code written for the classroom's 2 ranks only
+(a hard-coded ``/ 2``, ``1 - rank`` as "the other rank") does not pass.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import traceback
+import warnings
 
 from labkit.check.result import CheckResult, failed, not_attempted
 from labkit.cluster import RankError, RunTimeout
+from labkit.cluster.cluster import OversubscriptionWarning
 from labkit.memory import DeviceOOM, format_bytes
 
 DEFAULT_TIMEOUT_S = 30.0  # a correct answer takes well under a second at the checks' sizes
+SECOND_SIZES = {4: 2}  # the other rank count a check runs at: 4, or 2 from a 4-rank cluster
+PRINT_LIMIT = 5_000  # characters of the learner's prints shown per rank and stream, per run
+
+
+class _CappedStream:
+    """Passes writes on to ``target`` until ``limit`` characters, then counts what it drops:
+    a function that prints in a loop must not flood the notebook (or a graded copy of it)."""
+
+    def __init__(self, target, limit: int):
+        self.target, self.limit, self.written, self.dropped = target, limit, 0, 0
+
+    def write(self, text: str) -> int:
+        room = max(0, self.limit - self.written)
+        if room:
+            self.target.write(text[:room])
+        self.written += min(room, len(text))
+        self.dropped += max(0, len(text) - room)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+def _capped_prints(ctx, job, *args, **kwargs):
+    """Run ``job`` on a rank with its prints capped at ``PRINT_LIMIT`` characters a stream."""
+    out, err = _CappedStream(sys.stdout, PRINT_LIMIT), _CappedStream(sys.stderr, PRINT_LIMIT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return job(ctx, *args, **kwargs)
+    finally:
+        for stream in (out, err):
+            if stream.dropped:
+                stream.target.write(f"\n[labkit: {stream.dropped} more characters printed "
+                                    "on this rank were not shown]\n")
+            stream.flush()
 
 
 class Outcome:
@@ -42,7 +85,8 @@ def run_checked(cluster, exercise: str, where: str, job, *args, timeout: float |
     saved = cluster.memory_per_device
     try:
         cluster.memory_per_device = None
-        return Outcome(values=list(cluster.run(job, *args, timeout=timeout, **kwargs)))
+        return Outcome(values=list(cluster.run(_capped_prints, job, *args, timeout=timeout,
+                                               **kwargs)))
     except RunTimeout:
         return Outcome(verdict=failed(
             exercise, f"{where} did not finish within {timeout:g} s on the ranks: it hangs. "
@@ -69,3 +113,45 @@ def run_checked(cluster, exercise: str, where: str, job, *args, timeout: float |
 def describe_exception(exc: BaseException) -> str:
     """One line for an exception raised on the host while checking (a malformed answer)."""
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+@contextlib.contextmanager
+def resized(cluster, world_size: int):
+    """The cluster with ``world_size`` ranks inside, its own count again afterwards (also
+    after an error or a KeyboardInterrupt). Ranks past the cores are fine here: a check
+    measures values and bytes, not times, so the oversubscription warning is not shown
+    (it would go to stderr, which nbgrader counts as a failure)."""
+    original = cluster.world_size
+
+    def resize(n: int) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscriptionWarning)
+            cluster.resize(n)
+
+    resize(world_size)
+    try:
+        yield cluster
+    finally:
+        resize(original)
+
+
+def at_two_sizes(cluster, check_once) -> CheckResult:
+    """``check_once()`` (a verdict on ``cluster`` as it is); if that passed on CPU ranks, once
+    more at a second rank count, whose verdict wins if it fails. GPU clusters are checked at
+    their own size only (more ranks than GPUs would need a memory cap to share them)."""
+    first = check_once()
+    n = cluster.world_size
+    if not first.passed or cluster.device != "cpu":
+        return first
+    second_size = SECOND_SIZES.get(n, 4)
+    with resized(cluster, second_size):
+        second = check_once()
+    if second.passed:
+        first.details.append(f"it passed on {second_size} ranks too (the check also runs "
+                             "your code at a second rank count)")
+        first.measured["also_passed_on"] = second_size
+        return first
+    second.summary = (f"on {second_size} ranks (it passed on {n}; the check also runs your "
+                      f"code at a second rank count, so that it holds for any N): "
+                      f"{second.summary}")
+    return second

@@ -7,7 +7,8 @@ of the parameters only, updates that shard, and then the updated parameters reac
 
 The check trains a small MLP for two steps this way on every rank, and compares: the weights
 with one device's Adam on the whole batch; the optimizer state each rank holds (measured by the
-suite's memory tracker) with the whole model's; and the collectives that ``step()`` ran.
+suite's memory tracker) with the whole model's; and the collectives that ``step()`` ran, at
+the cluster's rank count and at a second one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.check.result import CheckResult, failed, passed
-from labkit.check.runner import run_checked
+from labkit.check.runner import at_two_sizes, run_checked
 from labkit.check.wire import Traffic
 from labkit.memory import MemoryTracker, format_bytes
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
@@ -62,6 +63,11 @@ def zero1(cluster, zero_class, timeout: float | None = None) -> CheckResult:
     n = cluster.world_size
     if n < 2 or BATCH % n:
         return failed(EXERCISE, f"the check shards over 2, 4 or 8 ranks; this cluster has {n}")
+    return at_two_sizes(cluster, lambda: _check(cluster, zero_class, timeout))
+
+
+def _check(cluster, zero_class, timeout: float | None) -> CheckResult:
+    n = cluster.world_size
     outcome = run_checked(cluster, EXERCISE, "Zero1", _job, zero_class, timeout=timeout,
                           hang_hint="Every rank must join each broadcast (or all-gather), "
                           "including ranks that own no part of that parameter.")
