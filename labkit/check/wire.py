@@ -28,11 +28,13 @@ class Traffic:
     Attributes:
         sent_bytes, received_bytes: point-to-point bytes of this rank.
         sends, recvs: number of point-to-point calls.
+        largest_send: the bytes of the largest single message sent (a ring sends chunks).
         collectives: {kind: [calls, bytes]} of the collectives issued inside.
     """
 
     def __init__(self):
         self.sent_bytes = self.received_bytes = self.sends = self.recvs = 0
+        self.largest_send = 0
         self.collectives: dict[str, list] = {}
         self._meter = CommMeter()
         self._collective_meter = CollectiveMeter(self._meter)
@@ -44,6 +46,7 @@ class Traffic:
             if depth == 0:
                 if name in ("send", "isend"):
                     self.sends, self.sent_bytes = self.sends + 1, self.sent_bytes + tensor.nbytes
+                    self.largest_send = max(self.largest_send, tensor.nbytes)
                 else:
                     self.recvs += 1
                     self.received_bytes += tensor.nbytes
@@ -73,4 +76,5 @@ class Traffic:
 
     def to_dict(self) -> dict:
         return {"sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes,
-                "sends": self.sends, "recvs": self.recvs, "collectives": self.collectives}
+                "sends": self.sends, "recvs": self.recvs, "largest_send": self.largest_send,
+                "collectives": self.collectives}
