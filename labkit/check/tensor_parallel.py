@@ -7,15 +7,24 @@ slice of the input, and returns the whole output. Chained (column, ReLU, row) th
 the two ``nn.Linear`` layers, forward and backward, with Megatron-LM's communication: nothing
 in the column layer's forward, one AllReduce of the output in the row layer's forward, one
 AllReduce of the input's gradient in backward (and no all-gather anywhere).
+
+Each layer is built from a copy of the ``nn.Linear`` (changing it in place, as
+``parallelize_module`` does, is allowed), and is found to hold exactly its slices as
+parameters, whatever their names: a weight of (out/N, in) and a bias of (out/N,) for the
+column layer, (out, in/N) and (out,) for the row layer. Their gradients are compared with the
+matching slices of the whole layers' (a bias kept as a plain tensor would never train). The
+check runs at the cluster's rank count and at a second one.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
 
 from labkit.check.result import CheckResult, failed, passed
-from labkit.check.runner import run_checked
+from labkit.check.runner import at_two_sizes, run_checked
 from labkit.check.wire import Traffic
 
 EXERCISE = "tensor_parallel_linears"
@@ -37,7 +46,7 @@ def _job(ctx, column_class, row_class) -> dict:
     hidden_ref = first(x_ref)
     (second(torch.relu(hidden_ref)) * weight).sum().backward()
     y_ref = second(torch.relu(first(x))).detach()
-    column, row = column_class(first, r, n), row_class(second, r, n)
+    column, row = column_class(copy.deepcopy(first), r, n), row_class(copy.deepcopy(second), r, n)
     x_mine = x.clone().requires_grad_()
     out = {}
     with Traffic() as traffic:
@@ -55,15 +64,24 @@ def _job(ctx, column_class, row_class) -> dict:
     out["y_ok"] = _close(y.detach(), y_ref)
     out["bias_times"] = ((y.detach() - y_ref) / second.bias.detach()).mean().item() + 1
     out["x_grad_ok"] = _close(x_mine.grad, x_ref.grad)
-    out["weights_ok"] = {
-        "column": _close(_grad(column, "weight"), first.weight.grad[cols]),
-        "row": _close(_grad(row, "weight"), second.weight.grad[:, cols])}
+    out["held"] = {"column": _slices(column, first.weight.grad[cols], first.bias.grad[cols]),
+                   "row": _slices(row, second.weight.grad[:, cols], second.bias.grad)}
     return out
 
 
-def _grad(module, name):
-    param = getattr(module, name, None)
-    return None if param is None or param.grad is None else param.grad
+def _slices(module, weight_grad, bias_grad) -> dict:
+    """Which of the layer's slices ``module`` holds as parameters (found by shape), whether
+    their gradients match, and the shapes of any other parameters it holds."""
+    params = list(module.parameters()) if isinstance(module, nn.Module) else []
+    found, used = {}, set()
+    for name, grad in (("weight", weight_grad), ("bias", bias_grad)):
+        match = [p for p in params if tuple(p.shape) == tuple(grad.shape) and id(p) not in used]
+        if len(match) == 1:
+            used.add(id(match[0]))
+        found[name] = {"shape": tuple(grad.shape), "held": len(match) == 1,
+                       "grad_ok": len(match) == 1 and _close(match[0].grad, grad)}
+    found["others"] = [tuple(p.shape) for p in params if id(p) not in used]
+    return found
 
 
 def _kinds(collectives: dict) -> str:
@@ -100,10 +118,26 @@ def _problems(r: dict, n: int) -> list[str]:
     elif r["x_grad_ok"] and r["backward"].get("all_reduce", [0])[0] != (1 if n > 1 else 0):
         problems.append(f"backward ran {_kinds(r['backward'])}; Megatron's pair needs one "
                         "all_reduce, of the input's gradient")
-    for layer, ok in r["weights_ok"].items():
-        if r["y_ok"] and not ok:
-            problems.append(f"the {layer} layer's weight gradient is not the matching slice of "
-                            "nn.Linear's")
+    for layer, held in r["held"].items():
+        problems += _slice_problems(layer, held, r["y_ok"])
+    return problems
+
+
+def _slice_problems(layer: str, held: dict, y_ok: bool) -> list[str]:
+    problems = []
+    for name in ("weight", "bias"):
+        part = held[name]
+        if not part["held"]:
+            problems.append(f"the {layer} layer holds no parameter of shape {part['shape']} "
+                            f"(its slice of the {name}): keep it as an nn.Parameter, so that "
+                            "it gets a gradient and trains")
+        elif y_ok and not part["grad_ok"]:
+            problems.append(f"the {layer} layer's {name} gradient is not the matching slice "
+                            "of nn.Linear's")
+    if held["others"]:
+        problems.append(f"the {layer} layer also holds parameters of shape "
+                        f"{', '.join(map(str, held['others']))}: a tensor-parallel layer keeps "
+                        "only its slices (not the whole nn.Linear it was built from)")
     return problems
 
 
@@ -116,6 +150,11 @@ def tensor_parallel_linears(cluster, column_class, row_class,
             return failed(EXERCISE, f"{cls.__name__} is labkit's own class: write yours")
     if D_HIDDEN % n:
         return failed(EXERCISE, f"the check splits {D_HIDDEN} features: use 1, 2, 4 or 8 ranks")
+    return at_two_sizes(cluster, lambda: _check(cluster, column_class, row_class, timeout))
+
+
+def _check(cluster, column_class, row_class, timeout: float | None) -> CheckResult:
+    n = cluster.world_size
     outcome = run_checked(cluster, EXERCISE, "your layers", _job, column_class, row_class,
                           timeout=timeout)
     if outcome.verdict:
