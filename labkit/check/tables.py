@@ -11,10 +11,12 @@ not fit raises ``DeviceOOM`` on that rank, as a GPU would. The suite's planner
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from labkit.check.result import CheckResult, failed, passed
-from labkit.check.runner import run_checked
+from labkit.check.runner import at_two_sizes, run_checked
 from labkit.embedding_parallel.planner import PlanError, plan_tables
 from labkit.memory import DeviceOOM, format_bytes
 
@@ -23,11 +25,15 @@ UNIT = 64 * 1024  # bytes: the tables are small, the packing problem is the same
 
 
 def cases(world_size: int) -> list[tuple[list[int], int]]:
-    """(table_bytes, capacity) sets: N large and 2N small tables that fit only when the large
-    ones are spread first, and three sizes that fill every rank exactly."""
-    n = world_size
+    """(table_bytes, capacity) sets that largest-first-onto-the-least-loaded fits and that each
+    shortcut fails on some set, for any N >= 2: filling rank 0 first (the first set), dealing
+    tables round-robin (the second and the last), least-loaded in the given order without
+    sorting (the last), contiguous blocks of tables (all). The third fills every rank exactly."""
+    n, half = world_size, math.ceil(world_size / 2)
     return [([UNIT] * (2 * n) + [4 * UNIT] * n, 6 * UNIT),
-            ([3 * UNIT] * n + [2 * UNIT] * n + [UNIT] * n, 6 * UNIT)]
+            ([4 * UNIT, UNIT] * n + [UNIT] * n, 6 * UNIT),
+            ([3 * UNIT] * n + [2 * UNIT] * n + [UNIT] * n, 6 * UNIT),
+            ([UNIT] * (2 * half) + [2 * UNIT] * (n - half), 2 * UNIT)]
 
 
 def _hold(ctx, tables: list[int], table_bytes: list[int], capacity: int) -> int:
@@ -56,7 +62,7 @@ def _job(ctx, fn) -> list[dict]:
         try:
             mine = placement[ctx.rank] if not _valid(placement, table_bytes, ctx.world_size) \
                 else []
-            entry["held"] = _hold(ctx, list(mine), table_bytes, capacity)
+            entry["held"] = _hold(ctx, [int(t) for t in mine], table_bytes, capacity)
         except DeviceOOM as oom:
             entry["oom"] = oom.to_dict()
         out.append(entry)
@@ -65,12 +71,15 @@ def _job(ctx, fn) -> list[dict]:
 
 def _valid(placement, table_bytes, world_size) -> str | None:
     """None if ``placement`` is a list of ``world_size`` lists holding each table once."""
-    if not isinstance(placement, (list, tuple)) or len(placement) != world_size:
-        return (f"place_tables must return one list of tables per rank ({world_size} lists), "
-                f"got {placement!r}"[:300])
-    flat = sorted(t for tables in placement for t in tables)
-    if flat != list(range(len(table_bytes))):
-        return f"every table must be on exactly one rank; the placement was {placement!r}"
+    if not isinstance(placement, (list, tuple)) or len(placement) != world_size or not all(
+            isinstance(tables, (list, tuple)) for tables in placement):
+        return (f"place_tables must return one list of table indices per rank ({world_size} "
+                f"lists), got {placement!r}"[:300])
+    flat = [t for tables in placement for t in tables]
+    if not all(isinstance(t, int) or hasattr(t, "__index__") for t in flat) or \
+            sorted(map(int, flat)) != list(range(len(table_bytes))):
+        return (f"every table (an index, 0 to {len(table_bytes) - 1}) must be on exactly one "
+                f"rank; the placement was {placement!r}"[:300])
     return None
 
 
@@ -84,7 +93,12 @@ def _planner(table_bytes, world_size, capacity) -> str:
 
 
 def place_tables(cluster, fn, timeout: float | None = None) -> CheckResult:
-    """Check ``fn(table_bytes, world_size, capacity_bytes)`` on every rank of ``cluster``."""
+    """Check ``fn(table_bytes, world_size, capacity_bytes)`` on every rank of ``cluster`` (at
+    its rank count, then at a second one)."""
+    return at_two_sizes(cluster, lambda: _check(cluster, fn, timeout))
+
+
+def _check(cluster, fn, timeout: float | None) -> CheckResult:
     n = cluster.world_size
     outcome = run_checked(cluster, EXERCISE, "place_tables", _job, fn, timeout=timeout)
     if outcome.verdict:
