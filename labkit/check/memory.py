@@ -19,7 +19,9 @@ from labkit.models import MLPConfig, build_model, loss_fn, make_batch
 
 EXERCISE = "predict_memory"
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations")
-TOLERANCE = {"parameters": 0.02, "gradients": 0.02, "optimizer": 0.05, "activations": 0.15}
+# The reference prediction is within 1% of the measurement in every category (the loss keeps
+# one more (batch, d_out) tensor than the hint lists); forgetting the input batch is 5-8% off.
+TOLERANCE = {"parameters": 0.02, "gradients": 0.02, "optimizer": 0.05, "activations": 0.05}
 CASES = ((MLPConfig(d_in=64, d_hidden=256, n_layers=4, d_out=8), 64),
          (MLPConfig(d_in=32, d_hidden=128, n_layers=6, d_out=4), 512))
 HINTS = {
@@ -92,7 +94,7 @@ def predict_memory(cluster, fn, timeout: float | None = None) -> CheckResult:
     if problems:
         return failed(EXERCISE, problems[0], problems[1:], **measured)
     return passed(EXERCISE, f"all four categories within tolerance on {len(CASES)} models "
-                  "(parameters and gradients 2%, optimizer 5%, activations 15%).",
+                  "(parameters and gradients 2%, optimizer and activations 5%).",
                   [f"{config}, batch {batch}: measured " + ", ".join(
                       f"{k} {format_bytes(v)}" for k, v in c["measured"].items())
                    for (config, batch), c in zip(CASES, cases, strict=True)], **measured)
