@@ -24,7 +24,8 @@ def _release_arguments(parser) -> None:
 
 
 def _grade_arguments(parser) -> None:
-    parser.add_argument("submissions", nargs="+", type=Path, help="submitted notebooks")
+    parser.add_argument("submissions", nargs="+", type=Path,
+                        help="submitted notebooks, or folders of them")
     parser.add_argument("--out", type=Path, default=Path("grades.csv"), help="the CSV to write")
     parser.add_argument("--parameters", default="{}",
                         help='JSON injected into each notebook\'s parameters cell, e.g. '
@@ -59,8 +60,12 @@ def _release(args) -> int:
 def _grade(args) -> int:
     from labkit.classroom.grade import grade
 
-    grade(args.submissions, args.out, args.quizzes, args.source, json.loads(args.parameters),
-          args.cell_timeout, args.timeout, args.jobs)
+    try:
+        grade(args.submissions, args.out, args.quizzes, args.source, json.loads(args.parameters),
+              args.cell_timeout, args.timeout, args.jobs)
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
+        return 1
     print(f"wrote {args.out}")
     return 0
 

@@ -10,10 +10,16 @@ gets a row saying where, with the exercises it reached graded; the others are no
 * Exercises: every nbgrader grade cell (``nbgrader.grade = true``) of the executed notebook is
   read for the verdict its check displayed (``labkit.check.MIME_TYPE``): passed earns the
   cell's points; failed, not attempted, or not run (the notebook stopped before it) earn none.
-  With the course's sources at hand (``--source``), the check cells are first restored from
-  them (as nbgrader restores locked cells), so an edited check cannot pass itself.
+  With the course's sources at hand (``--source``, by default the suite's ``course/``), the
+  source decides (``sources.py``): the submission is matched to its course notebook (by name,
+  else by its exercises' grade_ids), its check cells are restored from it (as nbgrader restores
+  locked cells), and only the source's grade cells count, with the source's points; a deleted
+  check earns nothing and still counts in ``max_points``. A submission that matches no source
+  is not run ("no source").
 * Quizzes: read from the submission as the learner saved it (the widget's record), and scored
-  again from the quiz file: first answers only.
+  again from the quiz file: first answers only; a malformed record scores nothing.
+* Processes: papermill runs under ``reaper.py``, which kills whatever the notebook left
+  running (also in a session of its own) when papermill ends.
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ import nbformat
 
 from labkit.check.result import MIME_TYPE
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
-from labkit.classroom.release import release_cell
+from labkit.classroom.sources import find_source, grade_points, restore_checks
 
 REPO = Path(__file__).resolve().parent.parent.parent
+REAPER = Path(__file__).resolve().with_name("reaper.py")
 NOT_RUN = "not run"
+__all__ = ["exercise_results", "grade", "grade_submission", "quiz_scores", "restore_checks"]
 
 
 def _meta(cell) -> dict:
@@ -56,21 +64,30 @@ def _error(cell) -> str | None:
     return None
 
 
-def exercise_results(notebook) -> list[dict]:
-    """Per nbgrader grade cell of an executed notebook: grade_id, points, status, summary."""
-    results = []
+def exercise_results(notebook, points: dict | None = None) -> list[dict]:
+    """Per graded exercise of an executed notebook: grade_id, points, status, summary.
+
+    ``points`` ({grade_id: points}, from the course's source): only those exercises count,
+    worth that much, read from the last cell with that grade_id ("missing" if there is none).
+    Without it, every grade cell of the notebook counts with the points it declares."""
+    cells = {}
     for cell in notebook.cells:
         meta = _meta(cell)
-        if not meta.get("grade"):
-            continue
-        found = _bundles(cell, MIME_TYPE)
-        verdict = found[-1] if found else None
-        status = verdict["status"] if verdict else NOT_RUN
-        summary = verdict["summary"] if verdict else (_error(cell) or
-                                                     "the notebook stopped before this cell")
-        points = meta.get("points", 0)
-        results.append({"grade_id": meta["grade_id"], "points": points, "status": status,
-                        "earned": points if status == "passed" else 0, "summary": summary})
+        if meta.get("grade_id") and (meta.get("grade") or points is not None):
+            cells[meta["grade_id"]] = cell
+    points = points if points is not None else {g: _meta(c).get("points", 0)
+                                                for g, c in cells.items()}
+    results = []
+    for grade_id, worth in points.items():
+        cell = cells.get(grade_id)
+        found = _bundles(cell, MIME_TYPE) if cell is not None else []
+        verdict = found[-1] if found and isinstance(found[-1], dict) else None
+        status = str(verdict.get("status")) if verdict else NOT_RUN if cell else "missing"
+        summary = (str(verdict.get("summary")) if verdict else
+                   (_error(cell) or "the notebook stopped before this cell") if cell else
+                   "the check cell was deleted")
+        results.append({"grade_id": grade_id, "points": worth, "status": status,
+                        "earned": worth if status == "passed" else 0, "summary": summary})
     return results
 
 
@@ -79,29 +96,18 @@ def quiz_scores(notebook, quiz_dir: Path) -> dict[str, tuple[int, int]]:
     scores = {}
     for cell in notebook.cells:
         for record in _bundles(cell, RECORD_MIME):
-            path = Path(quiz_dir) / f"{record.get('quiz')}.json"
-            if not path.exists():
+            name = record.get("quiz") if isinstance(record, dict) else None
+            path = Path(quiz_dir) / f"{name}.json"
+            if not isinstance(name, str) or "/" in name or not path.exists():
                 continue  # a quiz this course does not have: nothing to score it against
             questions = load_quiz(path)
-            expected = record.get("expected", {})
-            score = sum(q.is_right(record["answers"][q.id]["first"], expected.get(q.id))
-                        for q in questions if q.id in record.get("answers", {}))
-            scores[record["quiz"]] = (score, len(questions))
+            answers, expected = record.get("answers"), record.get("expected")
+            answers = answers if isinstance(answers, dict) else {}
+            expected = expected if isinstance(expected, dict) else {}
+            score = sum(q.is_right(entry["first"], expected.get(q.id)) for q in questions
+                        if isinstance(entry := answers.get(q.id), dict) and "first" in entry)
+            scores[name] = (score, len(questions))
     return scores
-
-
-def restore_checks(notebook, source) -> list[str]:
-    """Replace each check cell of ``notebook`` by the learners' version of the source's cell
-    with the same grade_id; return the grade_ids the submission no longer has."""
-    released = {_meta(c)["grade_id"]: release_cell(c, "source", set())
-                for c in source.cells if _meta(c).get("grade")}
-    seen = set()
-    for i, cell in enumerate(notebook.cells):
-        grade_id = _meta(cell).get("grade_id")
-        if grade_id in released:
-            notebook.cells[i] = released[grade_id]
-            seen.add(grade_id)
-    return sorted(set(released) - seen)
 
 
 @dataclass
@@ -144,7 +150,8 @@ def _kill_tree(pid: int) -> None:
 def _execute(src: Path, dst: Path, work: Path, parameters: dict, cell_timeout: float,
              timeout: float) -> tuple[str, str]:
     """Run papermill in a process of its own; (status, detail)."""
-    command = [sys.executable, "-m", "papermill", str(src), str(dst), "--cwd", str(work),
+    command = [sys.executable, str(REAPER), sys.executable, "-m", "papermill", str(src),
+               str(dst), "--cwd", str(work),
                "--kernel", "python3", "--execution-timeout", str(int(cell_timeout)),
                "--no-progress-bar", "--no-log-output"]
     if parameters:
@@ -161,6 +168,8 @@ def _execute(src: Path, dst: Path, work: Path, parameters: dict, cell_timeout: f
         log.close()
     if code == 0:
         return "graded", ""
+    if not (work / "papermill.log").exists():
+        return "error", "the notebook deleted its own working folder"
     log_text = (work / "papermill.log").read_text(errors="replace")
     if "CellTimeoutError" in log_text or "Cell execution timed out" in log_text:
         return "timeout", f"a cell ran past the cell time limit ({cell_timeout:g} s)"
@@ -182,6 +191,15 @@ def _where_it_stopped(notebook) -> str:
     return ""
 
 
+def _course(path: Path, notebook, source_dir: Path | None):
+    """(the course's source notebook for this submission or None, whether a course is at
+    hand: a ``source_dir`` holding notebooks)."""
+    if source_dir is None or not any(Path(source_dir).glob("*.ipynb")):
+        return None, False
+    found = find_source(path, notebook, source_dir)
+    return (nbformat.read(found, as_version=4) if found else None), True
+
+
 def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
                      parameters: dict | None = None, cell_timeout: float = 300,
                      timeout: float = 1800) -> Submission:
@@ -194,10 +212,17 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
         result.status, result.detail = "unreadable", f"{type(exc).__name__}: {exc}"
         return result
     result.quizzes = quiz_scores(notebook, quiz_dir)
-    source = Path(source_dir) / Path(path).name if source_dir else None
-    missing = restore_checks(notebook, nbformat.read(source, as_version=4)) \
-        if source is not None and source.exists() else []
-    with tempfile.TemporaryDirectory(prefix="labkit-grade-") as tmp:
+    source, have_course = _course(Path(path), notebook, source_dir)
+    if have_course and source is None:
+        result.status = "no source"
+        result.detail = (f"no notebook in {source_dir} has this file's name or any of its "
+                         "exercises: grade it under its course name (e.g. 00_your_cluster"
+                         ".ipynb); its own check cells are not trusted")
+        return result
+    points = grade_points(source) if source is not None else None
+    if source is not None:
+        restore_checks(notebook, source)
+    with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         shutil.copytree(quiz_dir, work / "quizzes")
         src, dst = work / "submission.ipynb", work / "executed.ipynb"
@@ -205,20 +230,36 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
         result.status, result.detail = _execute(src, dst, work, parameters or {},
                                                 cell_timeout, timeout)
         executed = nbformat.read(dst, as_version=4) if dst.exists() else notebook
-    result.exercises = exercise_results(executed)
-    result.exercises += [{"grade_id": g, "points": 0, "status": "missing", "earned": 0,
-                          "summary": "the check cell was deleted"} for g in missing]
+    result.exercises = exercise_results(executed, points)
     if result.status == "error":
         result.detail = _where_it_stopped(executed) or result.detail
     result.seconds = time.monotonic() - start
     return result
 
 
+def submissions(paths, echo=print) -> list[Path]:
+    """``paths`` with each folder replaced by the notebooks under it (sorted; Jupyter's
+    checkpoints left out). Raises ``FileNotFoundError`` if that leaves none."""
+    found = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            found.append(path)
+            continue
+        inside = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        if not inside:
+            echo(f"{path}: a folder with no notebook in it")
+        found += inside
+    if not found:
+        raise FileNotFoundError(f"no notebooks to grade in {', '.join(map(str, paths))}")
+    return found
+
+
 def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | None = None,
           parameters: dict | None = None, cell_timeout: float = 300,
           timeout: float = 1800, jobs: int = 1, echo=print) -> list[Submission]:
-    """Grade every submission in ``paths`` and write ``out`` (CSV, in the order given).
-    ``jobs`` submissions run at once, each in its own process and folder."""
+    """Grade every submission in ``paths`` (notebooks, or folders of them) and write ``out``
+    (CSV, in the order given). ``jobs`` submissions run at once, each in its own process and
+    folder."""
     from concurrent.futures import ThreadPoolExecutor
 
     quiz_dir = Path(quiz_dir or REPO / "notebooks" / "quizzes")
@@ -237,6 +278,7 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
              + (f" ({result.detail})" if result.detail else ""))
         return result
 
+    paths = submissions(paths, echo)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(one, paths))
     rows = [r.row() for r in results]
