@@ -119,6 +119,16 @@ def all_gather_hook(state, bucket):
     return done
 
 
+def first_bucket_only(state, bucket):
+    flat = bucket.buffer()
+    if bucket.index() == 0:
+        flat.div_(dist.get_world_size())
+        dist.all_reduce(flat)
+    done = torch.futures.Future()
+    done.set_result(flat)
+    return done
+
+
 def round_robin(table_bytes, world_size, capacity_bytes):
     return [list(range(rank, len(table_bytes), world_size)) for rank in range(world_size)]
 
@@ -136,6 +146,8 @@ def test_shortcuts_that_used_to_pass(one, two):
     assert "activations: you predicted" in verdict(labkit.check.predict_memory, one,
                                                    forgets_the_input)
     assert "your hook ran all_gather" in verdict(labkit.check.bucket_hook, two, all_gather_hook)
+    assert "gradients differ from one device's" in verdict(labkit.check.bucket_hook, two,
+                                                           first_bucket_only)
     for shortcut in (round_robin, least_loaded_unsorted):
         assert "ran out of memory holding tables" in verdict(labkit.check.place_tables, two,
                                                              shortcut)
