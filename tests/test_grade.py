@@ -71,6 +71,7 @@ def test_grade_a_folder_of_submissions(tmp_path):
     assert time.monotonic() - start < 120
     rows = {row["notebook"]: row for row in csv.DictReader(open(out))}
     assert rows["b_correct"]["status"] == "graded" and rows["b_correct"]["points"] == "3"
+    assert rows["b_correct"]["graded_as"] == ""  # no course notebook in --source
     assert rows["b_correct"]["exercise:ring_check"] == "passed"
     assert rows["b_correct"]["quiz:00_your_cluster"] == "1/4"
     assert rows["c_wrong"]["status"] == "graded" and rows["c_wrong"]["points"] == "0"

@@ -113,6 +113,7 @@ def quiz_scores(notebook, quiz_dir: Path) -> dict[str, tuple[int, int]]:
 @dataclass
 class Submission:
     path: Path
+    course: str = ""  # the course notebook it was graded as (its source's name)
     status: str = "graded"
     detail: str = ""
     exercises: list = field(default_factory=list)
@@ -120,7 +121,8 @@ class Submission:
     seconds: float = 0.0
 
     def row(self) -> dict:
-        row = {"submission": str(self.path), "notebook": self.path.stem, "status": self.status,
+        row = {"submission": str(self.path), "notebook": self.path.stem,
+               "graded_as": self.course, "status": self.status,
                "detail": self.detail, "seconds": f"{self.seconds:.1f}",
                "points": sum(e["earned"] for e in self.exercises),
                "max_points": sum(e["points"] for e in self.exercises)}
@@ -192,12 +194,11 @@ def _where_it_stopped(notebook) -> str:
 
 
 def _course(path: Path, notebook, source_dir: Path | None):
-    """(the course's source notebook for this submission or None, whether a course is at
+    """(the course's source for this submission: its path, or None; whether a course is at
     hand: a ``source_dir`` holding notebooks)."""
     if source_dir is None or not any(Path(source_dir).glob("*.ipynb")):
         return None, False
-    found = find_source(path, notebook, source_dir)
-    return (nbformat.read(found, as_version=4) if found else None), True
+    return find_source(path, notebook, source_dir), True
 
 
 def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
@@ -212,15 +213,17 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
         result.status, result.detail = "unreadable", f"{type(exc).__name__}: {exc}"
         return result
     result.quizzes = quiz_scores(notebook, quiz_dir)
-    source, have_course = _course(Path(path), notebook, source_dir)
-    if have_course and source is None:
+    found, have_course = _course(Path(path), notebook, source_dir)
+    if have_course and found is None:
         result.status = "no source"
         result.detail = (f"no notebook in {source_dir} has this file's name or any of its "
                          "exercises: grade it under its course name (e.g. 00_your_cluster"
                          ".ipynb); its own check cells are not trusted")
         return result
+    source = nbformat.read(found, as_version=4) if found else None
     points = grade_points(source) if source is not None else None
     if source is not None:
+        result.course = found.stem
         restore_checks(notebook, source)
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
