@@ -191,9 +191,15 @@ def course_layers():
                  for name in ("ColumnParallelLinear", "RowParallelLinear"))
 
 
+class Borrowed(labkit.tensor_parallel.ColumnParallelLinear):
+    """labkit's layer under the learner's name."""
+
+
 def test_layers_are_found_by_shape_and_every_slice_must_train(two):
     _, row = course_layers()
     check = labkit.check.tensor_parallel_linears
+    assert "derives from) labkit's own ColumnParallelLinear" in verdict(check, two, Borrowed,
+                                                                         row)
     verdict(check, two, NamedW, row, status="passed")
     assert "holds no parameter of shape (16,)" in verdict(check, two, BiasNotTrained, row)
     assert "also holds parameters of shape (32, 16), (32,)" in verdict(check, two,

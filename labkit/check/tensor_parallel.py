@@ -146,8 +146,11 @@ def tensor_parallel_linears(cluster, column_class, row_class,
     """Check the two classes, chained column -> ReLU -> row, on every rank of ``cluster``."""
     n = cluster.world_size
     for cls in (column_class, row_class):
-        if getattr(cls, "__module__", "").split(".")[0] == "labkit":
-            return failed(EXERCISE, f"{cls.__name__} is labkit's own class: write yours")
+        borrowed = [c for c in getattr(cls, "__mro__", [cls])
+                    if getattr(c, "__module__", "").split(".")[0] == "labkit"]
+        if borrowed:
+            return failed(EXERCISE, f"{getattr(cls, '__name__', cls)} is (or derives from) "
+                          f"labkit's own {borrowed[0].__name__}: write yours, from nn.Module")
     if D_HIDDEN % n:
         return failed(EXERCISE, f"the check splits {D_HIDDEN} features: use 1, 2, 4 or 8 ranks")
     return at_two_sizes(cluster, lambda: _check(cluster, column_class, row_class, timeout))
