@@ -155,6 +155,31 @@ def test_shortcuts_that_used_to_pass(one, two):
     assert "must return one list of table indices per rank" in flat and "raised" not in flat
 
 
+# ----- 03: a correct pipeline, written another way -------------------------------------------
+def layer_by_layer(ctx, stage, inputs, targets, micro_batches, activation_shape):
+    """The course's loop, with each stage run one layer at a time (as a learner may)."""
+    class Looped(nn.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    answer = solution("03_pipeline_parallel", "pipeline_step_answer", "pipeline_step")
+    return answer(ctx, Looped(stage), inputs, targets, micro_batches, activation_shape)
+
+
+def test_a_pipeline_that_runs_its_layers_one_by_one_passes(two):
+    found = labkit.check.pipeline_step(two, layer_by_layer)
+    assert found.passed, str(found)
+    # every micro-batch's backward is timed (each one used to end when the first one did)
+    for stage in found.measured["backward_ms"]:
+        assert len(stage) == 4 and min(stage) > 0.2, found.measured["backward_ms"]
+
+
 # ----- 04: the layers, found by shape, and against DTensor's ColwiseParallel/RowwiseParallel --
 class NamedW(nn.Module):
     """The course's column layer with its parameters named w and b."""

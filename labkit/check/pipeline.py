@@ -25,37 +25,47 @@ from labkit.models import MLPConfig, build_model, loss_fn, make_batch
 from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
 
 EXERCISE = "pipeline_step"
-MODEL = MLPConfig(d_in=32, d_hidden=256, n_layers=4, d_out=4)
+# Wide enough that a micro-batch's compute (a few ms per stage) outweighs a gloo message
+# (about 1 ms): at width 256 the measured bubble was ~90%, all of it waiting on messages.
+MODEL = MLPConfig(d_in=32, d_hidden=1024, n_layers=4, d_out=4)
 BATCH, MICRO_BATCHES = 128, 4
 HANG_HINT = ("Each recv needs a matching send: rank 0 sends one activation per micro-batch "
              "and receives one gradient per micro-batch; rank 1 does the opposite, in the "
              "same order.")
 
 
-def _timed(stage: nn.Module, events: list) -> None:
-    """Record (kind, start, end) of every forward and backward of ``stage``."""
+def _timed(stage: nn.Sequential, events: list) -> tuple[list, list]:
+    """Record (kind, start, end) of every forward of ``stage`` into ``events``; return the
+    lists that collect when each backward begins and ends (``_backwards`` pairs them).
+
+    The forward hooks sit on its first and last layers, so that ``stage(x)``,
+    ``stage.forward(x)`` and a loop over the layers are all seen (a hook on the Sequential
+    itself sees only the first). A backward begins when the gradient of that forward's output
+    arrives and ends when the first layer's weight has its gradient: one hook on that weight,
+    not one per forward (every such hook fires at the first backward)."""
+    first, last = stage[0], stage[-1]
+    begins, ends = [], []
+
     def forward_pre(module, args):
-        module._labkit_start = time.time()
+        first._labkit_start = time.time()
 
     def forward_post(module, args, output):
-        events.append({"kind": "F", "start": module._labkit_start, "end": time.time()})
-        if not output.requires_grad:
-            return
-        began = {}
+        events.append({"kind": "F", "start": first._labkit_start, "end": time.time()})
+        if output.requires_grad:
+            output.register_hook(lambda grad: begins.append(time.time()))
 
-        def backward_begins(grad):  # the gradient of this stage's output has arrived
-            began["start"] = time.time()
+    first.register_forward_pre_hook(forward_pre)
+    last.register_forward_hook(forward_post)
+    next(stage.parameters()).register_post_accumulate_grad_hook(
+        lambda param: ends.append(time.time()))
+    return begins, ends
 
-        def backward_ends(param):  # the first layer's weight: the last gradient of the stage
-            events.append({"kind": "B", "start": began.get("start", time.time()),
-                           "end": time.time()})
-            handle.remove()
 
-        output.register_hook(backward_begins)
-        handle = next(module.parameters()).register_post_accumulate_grad_hook(backward_ends)
-
-    stage.register_forward_pre_hook(forward_pre)
-    stage.register_forward_hook(forward_post)
+def _backwards(begins: list, ends: list) -> list[dict]:
+    """A stage runs one backward at a time (GPipe, 1F1B): the k-th to begin is the k-th to
+    end."""
+    return [{"kind": "B", "start": b, "end": e}
+            for b, e in zip(sorted(begins), sorted(ends), strict=False)]
 
 
 def _job(ctx, fn) -> dict:
@@ -68,11 +78,12 @@ def _job(ctx, fn) -> dict:
     stage = nn.Sequential(*(layers[:half] if ctx.rank == 0 else layers[half:]))
     ref_stage = list(reference.layers)[:half] if ctx.rank == 0 else list(reference.layers)[half:]
     events: list = []
-    _timed(stage, events)
+    begins, ends = _timed(stage, events)
     shape = (BATCH // MICRO_BATCHES, MODEL.d_hidden)
     with Traffic() as traffic:
         loss = fn(ctx, stage, inputs if ctx.rank == 0 else None,
                   targets if ctx.rank == 1 else None, MICRO_BATCHES, shape)
+    events += _backwards(begins, ends)
     grads = [(p.grad, r.grad) for p, r in zip(stage.parameters(),
                                               nn.Sequential(*ref_stage).parameters(),
                                               strict=True)]
@@ -125,7 +136,10 @@ def pipeline_step(cluster, fn, timeout: float | None = None) -> CheckResult:
     timelines = [[e for e in r["events"]] for r in ranks]
     bubble = bubble_fraction(timelines) if all(timelines) else None
     theory = theoretical_bubble(2, MICRO_BATCHES)
-    measured = {"forwards": forwards, "sent_bytes": sent, "bubble": bubble, "theory": theory}
+    backward_ms = [[round(1e3 * (e["end"] - e["start"]), 3) for e in timeline
+                    if e["kind"] == "B"] for timeline in timelines]
+    measured = {"forwards": forwards, "sent_bytes": sent, "bubble": bubble, "theory": theory,
+                "backward_ms": backward_ms}
     if problems:
         return failed(EXERCISE, problems[0], problems[1:], **measured)
     return passed(EXERCISE, f"both stages' gradients equal one device's on the whole batch, "
