@@ -61,6 +61,14 @@ def test_ring_bytes_match_the_formula_by_hand_and_a_swap_is_not_a_ring(two):
         labkit.check.ring_all_reduce, two, ring_in_float64)
 
 
+def test_code_that_uses_the_notebook_s_cluster_gets_a_verdict(two):
+    def uses_the_cluster(ctx, tensor):
+        return tensor * two.world_size  # the notebook's cluster: it cannot go to the ranks
+
+    assert "cannot be sent to the ranks" in verdict(labkit.check.ring_all_reduce, two,
+                                                    uses_the_cluster)
+
+
 def prints_a_lot(ctx, tensor):
     for _ in range(2_000):
         print("x" * 99)

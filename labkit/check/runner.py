@@ -87,6 +87,14 @@ def run_checked(cluster, exercise: str, where: str, job, *args, timeout: float |
         cluster.memory_per_device = None
         return Outcome(values=list(cluster.run(_capped_prints, job, *args, timeout=timeout,
                                                **kwargs)))
+    except TypeError as error:  # raised before any rank ran: the code cannot be sent
+        if "cannot send" not in str(error):
+            raise
+        return Outcome(verdict=failed(
+            exercise, f"{where} cannot be sent to the ranks ({error.__cause__ or error}). "
+            "Does it use a variable of the notebook that lives only here, such as `cluster`? "
+            "Inside the function, use what the ranks have: ctx.rank, ctx.world_size, "
+            "ctx.device and the arguments."))
     except RunTimeout:
         return Outcome(verdict=failed(
             exercise, f"{where} did not finish within {timeout:g} s on the ranks: it hangs. "
