@@ -136,8 +136,8 @@ def resized(cluster, world_size: int):
             warnings.simplefilter("ignore", OversubscriptionWarning)
             cluster.resize(n)
 
-    resize(world_size)
-    try:
+    try:  # the stop button may be pressed while the ranks start, too
+        resize(world_size)
         yield cluster
     finally:
         resize(original)
