@@ -1,6 +1,6 @@
 """labkit: run distributed training for real from a notebook, and see why it pays."""
 
-from labkit import data_parallel, models, plots, widgets
+from labkit import check, classroom, data_parallel, evidence, models, plots, widgets
 from labkit.cluster import (
     Cluster,
     ClusterError,
@@ -28,8 +28,8 @@ __version__ = "0.1.0"
 __all__ = ["STRATEGIES", "BoundaryMap", "Cluster", "ClusterError", "CollectiveTimings",
            "DeviceOOM", "Layout", "MemoryEstimate", "OversubscriptionWarning", "RankContext",
            "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout", "ScalingResult",
-           "ShardingComparison",
-           "StepRecord", "TrainConfig", "TrainReport", "compare_sharding", "data_parallel",
-           "estimate_memory", "format_bytes", "model_state_bytes", "models", "parse_bytes",
-           "plots", "record_results", "ring_all_reduce_seconds", "scaling_sweep",
-           "sweep_boundary", "time_all_reduce", "train", "widgets"]
+           "ShardingComparison", "StepRecord", "TrainConfig", "TrainReport", "check",
+           "classroom", "compare_sharding", "data_parallel", "estimate_memory", "evidence",
+           "format_bytes", "model_state_bytes", "models", "parse_bytes", "plots",
+           "record_results", "ring_all_reduce_seconds", "scaling_sweep", "sweep_boundary",
+           "time_all_reduce", "train", "widgets"]

@@ -2,12 +2,72 @@
 
     python -m labkit doctor                               # is this machine ready?
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
+    python -m labkit release                              # course/ -> notebooks/ (learners')
+    python -m labkit grade submissions/*.ipynb --out grades.csv
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+
+def _release_arguments(parser) -> None:
+    parser.add_argument("--course", type=Path, default=Path("course"),
+                        help="the sources, with solutions (default: course)")
+    parser.add_argument("--out", type=Path, default=Path("notebooks"),
+                        help="where the learners' notebooks go (default: notebooks)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if the learners' notebooks are out of date")
+
+
+def _grade_arguments(parser) -> None:
+    parser.add_argument("submissions", nargs="+", type=Path,
+                        help="submitted notebooks, or folders of them")
+    parser.add_argument("--out", type=Path, default=Path("grades.csv"), help="the CSV to write")
+    parser.add_argument("--parameters", default="{}",
+                        help='JSON injected into each notebook\'s parameters cell, e.g. '
+                             '\'{"world_size": 2}\'')
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds allowed per submission (default 1800)")
+    parser.add_argument("--cell-timeout", type=float, default=300,
+                        help="seconds allowed per cell (default 300)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="submissions graded at once (each in its own process; default 1)")
+    parser.add_argument("--quizzes", type=Path, default=None,
+                        help="the quiz files (default: the suite's notebooks/quizzes)")
+    parser.add_argument("--source", type=Path, default=None,
+                        help="course sources to restore check cells from (default: the "
+                             "suite's course/ when present)")
+
+
+def _release(args) -> int:
+    from labkit.classroom.release import release
+
+    changed, stale = release(args.course, args.out, check=args.check)
+    for path in stale:
+        print(f"{path} has no source in {args.course}/: add it there, or delete it")
+    if args.check:
+        for path in changed:
+            print(f"{path} is out of date: run `python -m labkit release`")
+        return 1 if changed or stale else 0
+    print(f"wrote {len(changed)} notebook(s) to {args.out}/" if changed else "up to date")
+    return 1 if stale else 0
+
+
+def _grade(args) -> int:
+    from labkit.classroom.grade import grade
+
+    try:
+        grade(args.submissions, args.out, args.quizzes, args.source, json.loads(args.parameters),
+              args.cell_timeout, args.timeout, args.jobs)
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,11 +79,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torchrun.add_arguments(commands.add_parser(
         "train", help="train a zoo model (under torchrun: on every rank), write a JSON report"))
+    _release_arguments(commands.add_parser(
+        "release", help="write the learners' notebooks from the course sources (solutions "
+                        "and hidden tests removed)"))
+    _grade_arguments(commands.add_parser(
+        "grade", help="execute submitted notebooks afresh and write their exercise results "
+                      "and quiz scores to a CSV"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from labkit.doctor import main as doctor
 
         return doctor()
+    if args.command == "release":
+        return _release(args)
+    if args.command == "grade":
+        return _grade(args)
     return torchrun.main(args)
 
 

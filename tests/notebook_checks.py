@@ -29,6 +29,7 @@ def check_01(results: dict) -> None:
     assert oom is not None, "the largest size was meant to run out of memory"
     assert oom["in_use"] + oom["requested"] > oom["capacity"] >= oom["in_use"]
     assert results["big_models"]["7B"] > 80e9  # does not fit one 80 GB GPU
+    assert results["big_params"]["7B"] > 6e9  # a big, deep model (quiz 00's evidence)
     assert results["boundary_agreement"] >= 0.8
     fits = [c["fits"] for c in results["boundary"]["cells"]]
     assert any(fits) and not all(fits)
@@ -45,6 +46,14 @@ def check_02(results: dict) -> None:
     assert results["strong"][str(n)] > 0 and results["bus_bandwidth"] > 0
     comm = results["comm"][str(n)]
     assert comm["bytes"] > 0 and comm["predicted_s"] > 0 and comm["measured_busy_s"] > 0
+    # the runs the quizzes point to (evidence:... cells)
+    assert results["held_out"]["gap"] < 1e-5  # N devices generalise exactly as one
+    ends = results["endpoints"]["held_out_losses"]
+    assert len(set(ends)) == len(ends) == n  # different starts, different ends
+    turns = results["turns"]
+    assert turns["utilisation"]["turns"] <= 1 / n + 0.05  # each device busy ~1/N of a step
+    work = results["work"]
+    assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
 
 
 def check_03(results: dict) -> None:

@@ -1,6 +1,8 @@
-"""The learner's view: every notebook opened in a real JupyterLab, in headless Chromium, run
-from the Run menu; the main slider of the memory-wall and data-parallel notebooks is moved
-and the plot must redraw. Screenshots and the measured slider latency go to artifacts/browser/.
+"""The learner's view: every learners' notebook (``notebooks/``, exercises not done yet)
+opened in a real JupyterLab, in headless Chromium, run from the Run menu to the end without an
+error; the main slider of notebooks 01 to 06 is moved and the plot must redraw. Then the lecture
+app served by Voila (docs/instructor.md), its slider moved the same way. Screenshots and the
+measured slider latency go to artifacts/browser/.
 
 Needs Debian's ``chromium`` and the ``playwright`` package (driving the system browser; no
 browser download). ``.ci/run`` installs both; elsewhere this test is skipped with that reason.
@@ -178,4 +180,51 @@ def test_notebook_in_jupyterlab(lab, browser, name):
         figures[name] = round(seconds, 2)
         latency.write_text(json.dumps(figures, indent=1))
         print(f"{name}: slider release -> redrawn plot in {seconds:.2f} s")
+    page.close()
+
+
+APP = REPO / "notebooks" / "apps" / "memory_wall_app.ipynb"
+APP_SMOKE = {"sizes": [2e5, 5e5, 2e6], "size": 2e5}
+
+
+@pytest.fixture
+def voila_app(tmp_path):
+    """``voila notebooks/apps/memory_wall_app.ipynb`` (docs/instructor.md), at smoke size."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    nbformat.write(parameterize_notebook(load_notebook_node(str(APP)), APP_SMOKE),
+                   tmp_path / APP.name)
+    port = _free_port()
+    log = open(tmp_path / "voila.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "voila", str(tmp_path / APP.name), "--no-browser",
+         f"--port={port}", "--Voila.ip=127.0.0.1"], stdout=log, stderr=log, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while True:  # the TCP port (Voila's API answers 403 without a session)
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            pytest.fail(f"Voila did not start; see {log.name}")
+        time.sleep(0.5)
+    yield f"http://127.0.0.1:{port}/"
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def test_voila_serves_the_lecture_app(voila_app, browser):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page()
+    page.goto(voila_app)
+    page.locator(".widget-output img").first.wait_for(timeout=RUN_ALL_TIMEOUT_S * 1000)
+    assert page.locator(".jp-InputArea-editor").count() == 0  # an app: no code shown
+    seconds = _move_slider(page, "model size", "ArrowRight")
+    page.screenshot(path=str(ARTIFACTS / "voila-memory-wall-app.png"), full_page=True)
+    print(f"voila app: slider release -> redrawn plot in {seconds:.2f} s")
     page.close()

@@ -1,4 +1,10 @@
-"""Execute every notebook at smoke size under papermill and check the values it recorded."""
+"""Execute every notebook at smoke size under papermill and check the values it recorded.
+
+The notebooks run are the course's sources (``course/``), with the reference solutions of the
+exercises filled in: every exercise's check must pass (the hidden tests assert it, and the
+verdicts are read back here as ``python -m labkit grade`` reads them). The learners'
+versions in ``notebooks/`` are run in a real browser by ``test_browser.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,14 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
+from labkit.classroom.grade import exercise_results
 from tests.notebook_checks import NOTEBOOKS
 
 REPO = Path(__file__).resolve().parent.parent
-ALL = sorted((REPO / "notebooks").glob("*.ipynb"))
+ALL = sorted((REPO / "course").glob("*.ipynb"))
 CELL_TIMEOUT_S = 240
 
 
@@ -50,3 +58,6 @@ def test_notebook_runs_and_records_results(notebook: Path, tmp_path: Path):
         pytest.fail(failure)
     assert results_path.exists(), f"{notebook.name} recorded no results"
     check(json.loads(results_path.read_text()))
+    exercises = exercise_results(nbformat.read(executed, as_version=4))
+    assert exercises, f"{notebook.name} has no exercise"
+    assert all(e["status"] == "passed" for e in exercises), exercises

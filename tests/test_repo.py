@@ -26,7 +26,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_notebooks_are_committed_without_outputs_and_with_parameters():
-    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+    for path in sorted([*(REPO / "course").glob("*.ipynb"), *(REPO / "notebooks").glob("*.ipynb"),
+                        *(REPO / "notebooks" / "apps").glob("*.ipynb")]):
         cells = json.loads(path.read_text())["cells"]
         code = [c for c in cells if c["cell_type"] == "code"]
         assert not any(c.get("outputs") or c.get("execution_count") for c in code), path.name

@@ -1,47 +1,8 @@
-"""Widgets driven in plain pytest: move a slider, the output changes; quizzes answer back."""
+"""Widgets driven in plain pytest: move a slider, the output changes (quizzes: test_quiz.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import pytest
-
 import labkit
-from labkit.widgets import load_quiz, quiz_html, quiz_widget
-
-QUIZZES = sorted((Path(__file__).resolve().parent.parent / "notebooks" / "quizzes").glob("*.json"))
-
-
-@pytest.mark.parametrize("path", QUIZZES, ids=lambda p: p.stem)
-def test_quiz_files_are_well_formed(path):
-    questions = load_quiz(path)
-    assert questions
-    for q in questions:
-        right, text = q.check(q.answer)
-        assert right and text.startswith("Right.")
-        wrong = (q.answer + 1) % len(q.options)
-        right, text = q.check(wrong)
-        assert not right and q.options[q.answer] in text
-
-
-def test_quiz_widget_reveals_the_explanation_on_answering():
-    questions = load_quiz(QUIZZES[0])
-    box = quiz_widget(questions)
-    first = box.children[0]
-    radio, feedback = first.children[1], first.children[2]
-    assert feedback.value == ""
-    radio.value = questions[0].answer
-    assert "Right." in feedback.value
-    assert "<details>" in quiz_html(questions)
-
-
-def test_malformed_question_is_refused(tmp_path):
-    bad = {"questions": [{"question": "?", "options": ["a", "b"], "answer": 2,
-                          "explanations": ["x", "y"]}]}
-    (tmp_path / "q.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="malformed"):
-        load_quiz(tmp_path / "q.json")
 
 
 def test_memory_explorer_slider_redraws_and_reports_the_oom():

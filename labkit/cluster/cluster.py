@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import cloudpickle
 
-from labkit.cluster import hardware
+import labkit.cluster.hardware as hardware
 from labkit.cluster.collect import collect, describe, load_results
 from labkit.cluster.errors import ClusterError, RanksRestartedWarning, RunTimeout
 from labkit.cluster.launcher import choose_launcher

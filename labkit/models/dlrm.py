@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from labkit.models import fields
+import labkit.models.fields as fields
 
 
 @dataclass(frozen=True)

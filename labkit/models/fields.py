@@ -29,8 +29,9 @@ def whole(config, *fields: str, minimum: int = 1) -> None:
             raise ValueError(f"{_name(config, field)} must be at least {minimum}, got {value}")
 
 
-def positive(config, *fields: str) -> None:
-    """Each field is a finite number (int or float, not a string) greater than 0."""
+def positive(config, *fields: str, allow_zero: bool = False) -> None:
+    """Each field is a finite number (int or float, not a string) greater than 0 (or equal
+    to it, with ``allow_zero``)."""
     for field in fields:
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -38,8 +39,9 @@ def positive(config, *fields: str) -> None:
                             f"({type(value).__name__})")
         if not isinstance(value, (int, float)):
             value = _store(config, field, float(value))
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{_name(config, field)} must be a finite number above 0, "
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            bound = "0 or more" if allow_zero else "above 0"
+            raise ValueError(f"{_name(config, field)} must be a finite number {bound}, "
                              f"got {value!r}")
 
 

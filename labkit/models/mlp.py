@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from labkit.models import fields
+import labkit.models.fields as fields
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
     checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
     when a rank runs out of memory; when the model state alone was more than the capacity
-    (worked out before the run), the error also says so, and what would fit. ``estimate``: trace the peak per rank beside the
-    measurement (``labkit.estimate_memory``).
+    (worked out before the run), the error also says so, and what would fit. ``estimate``:
+    trace the peak per rank beside the measurement (``labkit.estimate_memory``).
     """
     config = checked(cluster, config, **fields)
     saved = cluster.memory_per_device

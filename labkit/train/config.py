@@ -94,7 +94,8 @@ def _check_fields(config: TrainConfig) -> None:
     fields.one_of(config, "strategy", STRATEGIES)
     fields.whole(config, "global_batch", "steps", "micro_batches")
     fields.whole(config, "seed", minimum=0)
-    fields.positive(config, "lr", "bucket_cap_mb")
+    fields.positive(config, "lr", allow_zero=True)  # as torch's optimizers: lr=0 is allowed
+    fields.positive(config, "bucket_cap_mb")
     fields.one_of(config, "optimizer", OPTIMIZERS)
     fields.one_of(config, "precision", PRECISIONS)
     fields.flag(config, "return_weights")

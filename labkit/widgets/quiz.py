@@ -1,85 +1,117 @@
-"""Multiple-choice quizzes kept as data (JSON beside the notebook), shown as a widget.
+"""Quizzes shown as a widget: scored, retry allowed, the explanation after each answer.
 
-Each question: {"question", "options": [...], "answer": index, "explanations": [one per
-option: why it is right, or why it is wrong]}. Choosing an option reveals its explanation;
-a wrong choice also shows the right answer's.
+The questions are data (``labkit/classroom/quizzes.py`` reads and scores them). Choosing an
+option, or checking a number, reveals the explanation (and, where the suite has one, a link to
+the run that confirms or refutes that option); the score line counts first answers. Each answer
+also updates a small record displayed under the quiz (``RECORD_MIME``): JupyterLab saves it in
+the notebook, which is how ``python -m labkit grade`` reads a learner's quiz score.
 """
 
 from __future__ import annotations
 
 import html
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Question:
-    question: str
-    options: tuple[str, ...]
-    answer: int
-    explanations: tuple[str, ...]
-
-    def __post_init__(self):
-        if len(self.options) != len(self.explanations) or not 0 <= self.answer < len(self.options):
-            raise ValueError(f"malformed question {self.question!r}: one explanation per "
-                             "option and a valid answer index are needed")
-
-    def check(self, choice: int) -> tuple[bool, str]:
-        """(is it right, the feedback to show) for option ``choice``."""
-        right = choice == self.answer
-        feedback = ("Right. " if right else "Not quite. ") + self.explanations[choice]
-        if not right:
-            feedback += f" The answer is: {self.options[self.answer]}. " \
-                        f"{self.explanations[self.answer]}"
-        return right, feedback
+from labkit.classroom.quizzes import RECORD_MIME, Question, QuizRecord, load_quiz
 
 
-def load_quiz(path: str | Path) -> list[Question]:
-    data = json.loads(Path(path).read_text())
-    return [Question(q["question"], tuple(q["options"]), q["answer"], tuple(q["explanations"]))
-            for q in data["questions"]]
+def _evidence_html(question: Question, choice: int) -> str:
+    """Links to the runs that confirm or refute option ``choice`` (JupyterLab opens a
+    notebook at a heading from ``name.ipynb#Heading-text``)."""
+    links = [f"<a href='{r['notebook']}.ipynb#{html.escape(r['section'].replace(' ', '-'))}'>"
+             f"{html.escape(r['notebook'])} · {html.escape(r['section'])}</a>"
+             for r in question.references(choice)]
+    return f"<br><i>Seen in a run: {', '.join(links)}</i>" if links else ""
 
 
-def quiz_html(questions: list[Question]) -> str:
-    """A static rendering: questions and options, explanations folded away."""
+def _record_bundle(record: QuizRecord, questions: list[Question]) -> dict:
+    return {"text/plain": record.summary(questions), RECORD_MIME: record.to_dict(questions)}
+
+
+def quiz_html(questions: list[Question], values: dict | None = None) -> str:
+    """A static rendering: questions and options, answers and explanations folded away."""
     parts = []
     for n, q in enumerate(questions, 1):
-        options = "".join(f"<li>{html.escape(o)}</li>" for o in q.options)
-        explained = "".join(f"<li><b>{html.escape(o)}</b>: {html.escape(e)}</li>"
-                            for o, e in zip(q.options, q.explanations, strict=True))
-        parts.append(f"<p><b>{n}. {html.escape(q.question)}</b></p><ol type='A'>{options}</ol>"
-                     f"<details><summary>answer</summary>Answer: "
-                     f"{html.escape(q.options[q.answer])}<ul>{explained}</ul></details>")
+        if q.kind == "number":
+            expected = q.expected(values or {})
+            answer = f"{expected:.3g} {html.escape(q.unit)} (measured here). " \
+                     f"{html.escape(q.explanation)}"
+            body = ""
+        else:
+            answer = html.escape(q.options[q.answer]) + "<ul>" + "".join(
+                f"<li><b>{html.escape(o)}</b>: {html.escape(e)}{_evidence_html(q, i)}</li>"
+                for i, (o, e) in enumerate(zip(q.options, q.explanations, strict=True))) + "</ul>"
+            body = "<ol type='A'>" + "".join(f"<li>{html.escape(o)}</li>" for o in q.options) \
+                + "</ol>"
+        parts.append(f"<p><b>{n}. {html.escape(q.question)}</b></p>{body}"
+                     f"<details><summary>answer</summary>Answer: {answer}</details>")
     return "".join(parts)
 
 
-def quiz_widget(questions: list[Question]):
-    """One block per question: radio buttons, a Check button, feedback revealed on answering."""
+def _choice_block(q: Question, on_answer):
     import ipywidgets as widgets
 
+    choice = widgets.RadioButtons(options=[(o, i) for i, o in enumerate(q.options)],
+                                  value=None, layout={"width": "auto"})
+    choice.observe(lambda change: change["new"] is not None and on_answer(change["new"]),
+                   names="value")
+    return choice
+
+
+def _number_block(q: Question, on_answer):
+    import ipywidgets as widgets
+
+    number = widgets.FloatText(value=0.0, description=q.unit or "answer",
+                               layout={"width": "220px"})
+    button = widgets.Button(description="Check")
+    button.on_click(lambda _: on_answer(number.value))
+    return widgets.HBox([number, button])
+
+
+def quiz_widget(questions: list[Question], values: dict | None = None, name: str = "quiz",
+                on_change=None):
+    """One block per question and a score line; ``on_change(record)`` after every answer."""
+    import ipywidgets as widgets
+
+    record = QuizRecord(name)
     blocks = []
     for n, q in enumerate(questions, 1):
-        choice = widgets.RadioButtons(options=[(o, i) for i, o in enumerate(q.options)],
-                                      value=None, layout={"width": "auto"})
+        expected = q.expected(values or {})
         feedback = widgets.HTML()
 
-        def on_choice(change, q=q, feedback=feedback):
-            if change["new"] is None:
-                return
-            right, text = q.check(change["new"])
+        def on_answer(answer, q=q, feedback=feedback, expected=expected):
+            right, text = q.feedback(answer, expected)
             colour = "green" if right else "firebrick"
-            feedback.value = f"<span style='color:{colour}'>{html.escape(text)}</span>"
+            extra = _evidence_html(q, answer) if q.kind == "choice" else ""
+            feedback.value = (f"<span style='color:{colour}'>{html.escape(text)}</span>"
+                              f"{extra}")
+            record.answer(q, answer, expected)
+            if on_change is not None:
+                on_change(record)
 
-        choice.observe(on_choice, names="value")
+        make = _number_block if q.kind == "number" else _choice_block
         blocks.append(widgets.VBox([widgets.HTML(f"<b>{n}. {html.escape(q.question)}</b>"),
-                                    choice, feedback]))
-    return widgets.VBox(blocks)
+                                    make(q, on_answer), feedback]))
+    box = widgets.VBox(blocks)
+    box.record = record
+    return box
 
 
-def show_quiz(path: str | Path, interactive: bool = True):
-    """The quiz at ``path`` as a widget, or as static HTML (headless runs, printed pages)."""
-    from IPython.display import HTML
+def show_quiz(path: str | Path, interactive: bool = True, values: dict | None = None):
+    """Display the quiz at ``path`` as a widget with its score line under it (saved in the
+    notebook, for grading), or return it as static HTML (headless runs, printed pages).
+    ``values``: the measured numbers that questions read from a plot ("value" in the file)."""
+    from IPython.display import HTML, display
 
     questions = load_quiz(path)
-    return quiz_widget(questions) if interactive else HTML(quiz_html(questions))
+    if not interactive:
+        return HTML(quiz_html(questions, values))
+    name, handle = Path(path).stem, None
+
+    def save(record: QuizRecord) -> None:  # the score line under the quiz, saved with it
+        handle.update(_record_bundle(record, questions), raw=True)
+
+    box = quiz_widget(questions, values, name, on_change=save)
+    display(box)
+    handle = display(_record_bundle(box.record, questions), raw=True, display_id=True)
+    return None

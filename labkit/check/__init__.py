@@ -1,0 +1,22 @@
+"""Checks for the notebooks' exercises: each runs the learner's code on the ranks and says
+precisely what is right or wrong (values, bytes on the wire, memory per rank, collectives).
+
+    result = labkit.check.ring_all_reduce(cluster, ring_all_reduce)   # a CheckResult
+
+A check never raises for the learner's mistakes and never hangs: a function that raises, is
+not written yet or hangs (stopped after ``timeout`` seconds; the cluster restarts its ranks)
+becomes the verdict.
+"""
+
+from labkit.check.gradients import average_gradients, bucket_hook
+from labkit.check.memory import predict_memory
+from labkit.check.pipeline import pipeline_step
+from labkit.check.result import MIME_TYPE, CheckResult, ExerciseFailed
+from labkit.check.ring import ring_all_reduce
+from labkit.check.tables import place_tables
+from labkit.check.tensor_parallel import tensor_parallel_linears
+from labkit.check.zero import zero1
+
+__all__ = ["MIME_TYPE", "CheckResult", "ExerciseFailed", "average_gradients", "bucket_hook",
+           "pipeline_step", "place_tables", "predict_memory", "ring_all_reduce",
+           "tensor_parallel_linears", "zero1"]

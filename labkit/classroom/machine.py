@@ -1,0 +1,84 @@
+"""Rank counts that fit this machine: the default is one rank per GPU, or per physical core.
+
+A virtual GPU is one CPU core. Start more CPU ranks than cores and they take turns on the
+cores: memory and bytes on the wire are still exact, but times are no longer those of separate
+devices. So the notebooks offer such counts (sliders, sweeps, ``oversubscribe=True``) but do
+not start them by default.
+
+    machine = fit_to_machine(wanted=4, offered=[1, 2, 4])
+    machine.world_size      # 4 on a 4-GPU node or a 4-core laptop, 2 on a 2-core one
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from labkit.cluster.hardware import gpu_count, physical_cores
+
+
+@dataclass(frozen=True)
+class MachineFit:
+    """The rank count chosen for this machine, and why.
+
+    Attributes:
+        wanted: what the lesson asks for; world_size: what it gets here.
+        cores, gpus: this machine's physical cores and CUDA devices.
+        offered: counts the lesson offers elsewhere (sliders, sweeps).
+        oversubscribed: the offered counts whose ranks would share cores.
+    """
+
+    wanted: int
+    world_size: int
+    cores: int
+    gpus: int
+    offered: tuple[int, ...]
+    oversubscribed: tuple[int, ...]
+    oversubscribe: bool = False
+
+    def fitting(self, counts) -> list[int]:
+        """``counts`` without those that would share cores (all of them with
+        ``oversubscribe``): what a sweep runs by default; the rest stay on the sliders."""
+        over = set() if self.oversubscribe else {n for n in counts
+                                                 if self.gpus < n and n > self.cores}
+        return [n for n in counts if n not in over]
+
+    @property
+    def why(self) -> str:
+        if self.gpus >= self.wanted:
+            return f"{self.wanted} ranks, one per GPU."
+        if self.world_size == self.wanted:
+            if self.wanted > self.cores:
+                return (f"{self.wanted} ranks as asked (oversubscribe=True) on {self.cores} "
+                        "physical cores: ranks share cores, so their times are not those of "
+                        "separate devices (results say 'oversubscribed').")
+            return (f"{self.wanted} rank{'s' * (self.wanted > 1)}, one per physical core "
+                    "(virtual GPUs).")
+        return (f"{self.world_size} rank{'s' * (self.world_size > 1)} instead of "
+                f"{self.wanted}: this machine has {self.cores} physical cores and "
+                f"{self.gpus or 'no'} GPUs, and a virtual GPU "
+                f"is one core. More ranks would share cores and measure their turn-taking, "
+                f"not separate devices. Set oversubscribe = True to start {self.wanted} anyway.")
+
+    def _repr_html_(self) -> str:
+        offered = ", ".join(
+            f"{n}{' (oversubscribed)' if n in self.oversubscribed else ''}" for n in self.offered)
+        return (f"<b>world_size = {self.world_size}</b>: {html.escape(self.why)}"
+                + (f"<br>Offered in this notebook: {offered}." if self.offered else ""))
+
+    def __repr__(self) -> str:
+        return f"MachineFit(world_size={self.world_size}): {self.why}"
+
+
+def fit_to_machine(wanted: int, offered=(), oversubscribe: bool = False,
+                   at_least: int = 2) -> MachineFit:
+    """``wanted`` ranks if this machine has the GPUs or the physical cores for them (or if
+    ``oversubscribe``), else one per core, but never fewer than ``at_least`` (the lessons
+    compare 1 device with several; on a 1-core machine that means sharing the core)."""
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
+        raise ValueError(f"wanted must be a whole number of ranks >= 1, got {wanted!r}")
+    cores, gpus = physical_cores(), gpu_count()
+    capacity = gpus if gpus >= 2 else cores
+    world_size = wanted if oversubscribe else min(wanted, max(capacity, at_least))
+    over = tuple(n for n in offered if gpus < n and n > cores)
+    return MachineFit(wanted, world_size, cores, gpus, tuple(offered), over, oversubscribe)

@@ -1,0 +1,150 @@
+"""Learners' notebooks from the course's sources: solutions out, hidden tests out.
+
+The sources in ``course/`` hold the reference solutions and follow nbgrader's conventions, so
+an instructor can also hand them to nbgrader as they are:
+
+* an answer cell has cell metadata ``nbgrader: {solution: true, grade_id, ...}``; in it, the
+  lines between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` become
+  ``# YOUR CODE HERE`` / ``raise NotImplementedError()`` (nbgrader's stub, indented alike),
+  which raises only when the learner's function is called: by a check, on the ranks, where
+  the check reports "not attempted yet" and "Run All" goes on;
+* a check cell has ``nbgrader: {grade: true, locked: true, points, grade_id}``; the lines
+  between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` are removed.
+
+    python -m labkit release            # course/*.ipynb -> notebooks/*.ipynb
+    python -m labkit release --check    # exit 1 if notebooks/ is out of date
+
+nbgrader itself is not needed: this is the part of its ``generate_assignment`` that the suite
+uses, written for these notebooks (one command, no database, no course directory layout).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+CODE_STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
+TEXT_STUB = ["YOUR ANSWER HERE"]
+HEADER = "nbgrader"
+MARKERS = (BEGIN_SOLUTION, END_SOLUTION, BEGIN_HIDDEN, END_HIDDEN)
+
+
+class ReleaseError(ValueError):
+    """A source notebook breaks the conventions above (the message names the cell)."""
+
+
+def _regions(lines: list[str], begin: str, end: str, where: str):
+    """Yield (start, stop) line indices of each begin/end region (markers included)."""
+    start = None
+    for i, line in enumerate(lines):
+        if begin in line:
+            if start is not None:
+                raise ReleaseError(f"{where}: nested '{begin}'")
+            start = i
+        elif end in line:
+            if start is None:
+                raise ReleaseError(f"{where}: '{end}' without '{begin}'")
+            yield start, i
+            start = None
+    if start is not None:
+        raise ReleaseError(f"{where}: '{begin}' without '{end}'")
+
+
+def _replace(lines: list[str], begin: str, end: str, stub: list[str], where: str):
+    regions = list(_regions(lines, begin, end, where))
+    for start, stop in reversed(regions):
+        indent = re.match(r"\s*", lines[start]).group(0)
+        lines[start:stop + 1] = [indent + s for s in stub]
+    return lines, len(regions)
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get(HEADER, {})
+
+
+def _check_metadata(cell, where: str, ids: set) -> None:
+    meta = _meta(cell)
+    if not meta:
+        return
+    if meta.get("grade") or meta.get("solution") or meta.get("locked"):
+        grade_id = meta.get("grade_id")
+        if not grade_id:
+            raise ReleaseError(f"{where}: nbgrader metadata without a grade_id")
+        if grade_id in ids:
+            raise ReleaseError(f"{where}: grade_id {grade_id!r} is used twice")
+        ids.add(grade_id)
+    if meta.get("grade") and "points" not in meta:
+        raise ReleaseError(f"{where}: a grade cell needs points")
+
+
+def release_cell(cell, where: str, ids: set):
+    """The learner's version of one cell (a new cell; the source is not changed)."""
+    cell = nbformat.from_dict(dict(cell))
+    _check_metadata(cell, where, ids)
+    lines = cell.source.split("\n")
+    stub = CODE_STUB if cell.cell_type == "code" else TEXT_STUB
+    lines, solutions = _replace(lines, BEGIN_SOLUTION, END_SOLUTION, stub, where)
+    lines, hidden = _replace(lines, BEGIN_HIDDEN, END_HIDDEN, [], where)
+    if solutions and not _meta(cell).get("solution"):
+        raise ReleaseError(f"{where}: a solution region in a cell not marked as an nbgrader "
+                           "answer cell (metadata nbgrader.solution = true)")
+    if hidden and not _meta(cell).get("grade"):
+        raise ReleaseError(f"{where}: hidden tests in a cell not marked as an nbgrader grade "
+                           "cell (metadata nbgrader.grade = true)")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    cell.source = "\n".join(lines)
+    if cell.cell_type == "code":
+        cell.outputs, cell.execution_count = [], None
+    return cell
+
+
+def release_notebook(source: nbformat.NotebookNode, name: str = "notebook"):
+    """The learner's version of a source notebook."""
+    ids: set[str] = set()
+    student = nbformat.from_dict(dict(source))
+    student.cells = [release_cell(cell, f"{name}, cell {i}", ids)
+                     for i, cell in enumerate(source.cells)]
+    return student
+
+
+def exercise_cells(notebook: nbformat.NotebookNode) -> list[dict]:
+    """The nbgrader cells of a notebook: [{grade_id, kind ("answer"|"check"), points, index}]."""
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        meta = _meta(cell)
+        if meta.get("solution") or meta.get("grade"):
+            found.append({"grade_id": meta["grade_id"], "index": index,
+                          "kind": "check" if meta.get("grade") else "answer",
+                          "points": meta.get("points", 0)})
+    return found
+
+
+def notebook_bytes(notebook) -> bytes:
+    """A notebook as the suite commits it (nbformat's layout, one trailing newline)."""
+    return (nbformat.writes(notebook) + "\n").encode()
+
+
+def release(course: Path, out: Path, check: bool = False) -> tuple[list[Path], list[Path]]:
+    """Write (or with ``check``, only compare) ``out/<name>.ipynb`` for each
+    ``course/<name>.ipynb``. Returns (the learners' notebooks written or out of date, those in
+    ``out`` without a source in ``course``: never deleted here, the caller says so)."""
+    sources = sorted(Path(course).glob("*.ipynb"))
+    if not sources:
+        raise ReleaseError(f"no notebooks in {course}")
+    changed = []
+    for path in sources:
+        source = nbformat.read(path, as_version=4)
+        data = notebook_bytes(release_notebook(source, path.name))
+        target = Path(out) / path.name
+        if not target.exists() or target.read_bytes() != data:
+            changed.append(target)
+            if not check:
+                target.write_bytes(data)
+    expected = {p.name for p in sources}
+    stale = [p for p in sorted(Path(out).glob("*.ipynb")) if p.name not in expected]
+    return changed, stale
