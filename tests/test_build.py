@@ -164,3 +164,21 @@ def test_no_module_imports_a_package_that_imports_it_back():
     for module in sorted(edges):
         if module not in state:
             visit(module)
+
+
+def test_ranks_forked_after_an_estimate_cut_their_own_shards():
+    """DTensor caches sharding decisions by the mesh's value, and the cached results hold the
+    mesh: a launcher forked from a process that had estimated (a fake rank 0 of 2) handed rank
+    1 rank 0's mesh, and FSDP's rank 1 copied rank 0's shard. Every layout must start from
+    the host model's weights whatever the notebook did before."""
+    for strategy in ("fsdp", "zero1", "tp"):
+        labkit.estimate_memory(labkit.TrainConfig(strategy=strategy), 2)
+    config = labkit.TrainConfig(model="mlp", global_batch=16, steps=1, lr=0.0, optimizer="sgd",
+                                return_weights=True)
+    want = labkit.models.build_model(config.model, "cpu").state_dict()
+    with labkit.Cluster(2, device="cpu", progress=False, launcher="fork") as cluster:
+        for strategy in ("fsdp", "tp"):
+            report = labkit.train(cluster, config, strategy=strategy, estimate=False)
+            for rank in report.ranks:
+                for name, value in rank["weights"].items():
+                    assert torch.equal(value, want[name]), (strategy, rank["rank"], name)

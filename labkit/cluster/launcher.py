@@ -102,6 +102,20 @@ def _keep_only(keep: set[int]) -> None:
                 pass
 
 
+def _forget_the_notebooks_torch() -> None:
+    """Give the forked zygote the torch a fresh Python would have: the notebook's global
+    settings back to their defaults, and none of its DTensor meshes (its caches would hand
+    a rank the meshes of another world, the estimator's fake one included)."""
+    import torch
+
+    from labkit.layout.mesh import forget_meshes
+
+    forget_meshes()
+    torch.set_default_dtype(torch.float32)
+    torch.set_default_device(None)
+    torch.set_grad_enabled(True)
+
+
 def _fork(theirs: socket.socket) -> ForkedZygote:
     with warnings.catch_warnings():  # Python 3.12+ warns that this process has threads
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -114,6 +128,7 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
         _keep_only({0, 1, 2, theirs.fileno()})
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+        _forget_the_notebooks_torch()
         from labkit.cluster.zygote import serve
 
         serve(theirs.fileno(), [])

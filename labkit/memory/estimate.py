@@ -34,7 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from labkit.build import ParallelContext, build
 from labkit.comm.clock import HostClock
 from labkit.costs import model_state_bytes
-from labkit.layout.mesh import build_mesh
+from labkit.layout.mesh import build_mesh, forget_meshes
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_run
 from labkit.memory.oom import CATEGORIES
@@ -89,11 +89,13 @@ def _fake_group(world_size: int, rank: int):
         raise RuntimeError("estimate_memory traces on a fake process group of its own; call it "
                            "from the notebook (or before init_process_group), not from a rank")
     excepthook = sys.excepthook
+    forget_meshes()  # DTensor's caches may hold the meshes of another rank or world
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        forget_meshes()  # and this fake world's must not reach a later one
         sys.excepthook = excepthook
 
 
