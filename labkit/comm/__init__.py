@@ -1,5 +1,13 @@
 """Communication: timing collectives on this machine, and what they cost in theory."""
 
-from labkit.comm.timing import CollectiveTimings, time_all_reduce
+from labkit.comm.alpha_beta import AlphaBeta, fit_alpha_beta
+from labkit.comm.timing import (
+    KINDS,
+    CollectiveSweep,
+    CollectiveTimings,
+    time_all_reduce,
+    time_collectives,
+)
 
-__all__ = ["CollectiveTimings", "time_all_reduce"]
+__all__ = ["KINDS", "AlphaBeta", "CollectiveSweep", "CollectiveTimings", "fit_alpha_beta",
+           "time_all_reduce", "time_collectives"]
