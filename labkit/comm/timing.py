@@ -15,7 +15,6 @@ once, a ring's step).
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -59,8 +58,9 @@ def _operation(ctx, kind: str, nbytes: int):
 
 
 def _collective_times(ctx, kind: str, sizes_bytes: list[int], repeats: int) -> list[float]:
-    """On each rank: median seconds of one ``kind`` per size (after a warm-up)."""
-    medians = []
+    """On each rank: the fastest of ``repeats`` timings of one ``kind`` per size (after a
+    warm-up)."""
+    fastest = []
     for nbytes in sizes_bytes:
         operation = _operation(ctx, kind, nbytes)
         for _ in range(WARMUP):  # connections, buffers, the allocator's first blocks
@@ -75,9 +75,9 @@ def _collective_times(ctx, kind: str, sizes_bytes: list[int], repeats: int) -> l
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        medians.append(min(times))
-        ctx.progress(len(medians), len(sizes_bytes), f"{kind} sizes")
-    return medians
+        fastest.append(min(times))
+        ctx.progress(len(fastest), len(sizes_bytes), f"{kind} sizes")
+    return fastest
 
 
 def _sweep_on_rank(ctx, kinds: list[str], sizes_bytes: list[int], repeats: int) -> dict:
@@ -86,7 +86,8 @@ def _sweep_on_rank(ctx, kinds: list[str], sizes_bytes: list[int], repeats: int) 
 
 @dataclass
 class CollectiveTimings:
-    """Measured times of one collective: one row per message size (slowest rank's median)."""
+    """Measured times of one collective: one row per message size (the slowest rank's
+    fastest repeat: the least disturbed by whatever else the machine runs)."""
 
     world_size: int
     device: str
@@ -156,7 +157,7 @@ def _check_sizes(sizes_bytes, repeats: int) -> list[int]:
 def time_collectives(cluster, kinds=KINDS, sizes_bytes=(MIB // 16, MIB // 4, MIB, 4 * MIB),
                      repeats: int = 5) -> CollectiveSweep:
     """Time each collective in ``kinds`` at each size on every rank of ``cluster`` (two
-    ranks at least); the slowest rank's median is kept."""
+    ranks at least); the slowest rank's fastest repeat is kept."""
     kinds, sizes = list(kinds), _check_sizes(sizes_bytes, repeats)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
