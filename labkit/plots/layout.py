@@ -158,3 +158,18 @@ def plot_layout_run(report, reference=None, capacity_bytes: int | None = None,
     loss_ax.set_title("loss, on top of one device's", fontsize=9)
     loss_ax.legend(fontsize=7)
     return fig
+
+
+def plot_scenario(runs: dict, capacity_bytes: int | None = None) -> Figure:
+    """The fullest rank of each run ({name: TrainReport or DeviceOOM}), by category, under
+    the cap: what fits and what ran out of memory (hatched: the allocation that failed)."""
+    bars = []
+    for name, run in runs.items():
+        if hasattr(run, "requested_bytes"):  # a DeviceOOM
+            bars.append({"label": name, "breakdown": run.breakdown, "oom": True,
+                         "requested": run.requested_bytes})
+        else:
+            fullest = max(run.ranks, key=lambda r: r["memory"]["peak_bytes"])
+            bars.append({"label": name, "breakdown": fullest["memory"]["at_peak"]})
+    return plot_memory_bars(bars, capacity_bytes,
+                            title="the fullest rank of each run, measured (hatched: OOM)")
