@@ -1,5 +1,6 @@
-"""Notebook 07's exercise check, both ways (the course's reference passes, planted wrong
-groupings fail with the message meant for them), and the rank-grid drawing's arithmetic."""
+"""Notebook 07: its exercise check, both ways (the course's reference passes, planted wrong
+groupings fail with the message meant for them), the rank grid's arithmetic, and the layout
+picker over real runs."""
 
 from __future__ import annotations
 
@@ -101,3 +102,24 @@ def test_step_split_shares_exposed_time_by_dimension():
     parts = step_split_by_dim(_Report({"tp": {"seconds": 0.1}, "dp": {"seconds": 0.3}}))
     assert parts == pytest.approx({"compute": 0.5, "dp": 0.225, "tp": 0.075})
     assert sum(parts.values()) == pytest.approx(0.8)
+
+
+def test_layout_picker_trains_each_layout_once_and_says_what_is_wrong():
+    """Two ranks, a tiny MLP: the sliders offer the divisors of 2, dp takes what is left, a
+    product that does not divide the ranks is said in the panel, runs are cached."""
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=64, n_layers=2),
+                                global_batch=16, steps=2)
+    with labkit.Cluster(2, device="cpu", progress=False) as two:
+        explorer = labkit.widgets.LayoutExplorer(two, config)
+        box = explorer.widget(labkit.Layout(dp=2), background=False)
+        assert box.sliders["tp"].options == (1, 2) and box.sliders["dp"].disabled
+        assert "dp2" in box.message.value and box.plot.outputs[0]["data"]["image/png"]
+        box.sliders["tp"].value = 2
+        assert box.sliders["dp"].value == 1 and "tp2" in box.message.value
+        box.sliders["fsdp"].value = 2
+        assert "does not divide the 2 ranks" in box.status.value
+        assert set(explorer._runs) == {labkit.Layout(dp=2), labkit.Layout(tp=2)}
+        report, oom = explorer.run(labkit.Layout(tp=2))
+        assert oom is None and report.losses == pytest.approx(explorer.reference().losses,
+                                                              abs=1e-5)
+        assert two.world_size == 2  # the one-device reference put the cluster back
