@@ -84,6 +84,24 @@ def speedup_figure(cluster, out: Path, smoke: bool) -> Path:
     return _save(fig, out / "speedup.png", "DDP strong scaling, one core per rank", cluster)
 
 
+def composed_figure(cluster, out: Path, smoke: bool) -> Path:
+    # notebook 07's scenario: an MLP with Adam that one device cannot hold under the cap,
+    # trained with tensor parallelism for memory and data parallelism over the copies
+    width, cap = (512, "8MiB") if smoke else (1024, "32MiB")
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=width, n_layers=4),
+                                global_batch=64 if smoke else 256, steps=3 if smoke else 8)
+    layout = labkit.Layout(dp=2, tp=2)
+    with cluster.resized(1):  # the loss to match: one device, without a cap
+        reference = labkit.train(cluster, config, memory_per_device=None, estimate=False)
+    with cluster.resized(4):
+        report = labkit.train(cluster, config, layout=layout, memory_per_device=cap,
+                              estimate=False)
+    fig = labkit.plots.plot_layout_run(report, reference, labkit.parse_bytes(cap))
+    fig.suptitle(f"{layout} on 4 ranks: each layer split over 2 ranks, 2 copies of the model",
+                 fontsize=10)
+    return _save(fig, out / "composed.png", f"{layout}, {cap} per device", cluster)
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description="regenerate figures/ from real runs")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for tests")
@@ -99,7 +117,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     paths = []
     with labkit.Cluster(2, progress=False) as cluster:
         for make in (all_reduce_figure, memory_figure, boundary_figure, sharding_figure,
-                     speedup_figure):
+                     speedup_figure, composed_figure):
             if make is memory_figure:
                 cluster.resize(1)  # one device: the wall itself (the sweeps resize as they go)
             paths.append(make(cluster, args.out, args.smoke))

@@ -147,6 +147,24 @@ def check_06(results: dict) -> None:
                        - split["step_s"]) < 1e-9
 
 
+def check_07(results: dict) -> None:
+    runs, capacity = results["runs"], results["capacity"]
+    assert "oom" in runs["one device"], "the model was meant not to fit one device"
+    assert "oom" in runs["data parallel alone"], "DDP's full copies were meant not to fit"
+    for name in ("model parallel alone", "both"):  # splitting the layers makes it fit
+        run = runs[name]
+        assert "oom" not in run, name
+        assert max(run["peaks"]) <= capacity and run["samples_per_s"] > 0
+        assert run["estimate_error"] < 0.10  # the estimator traces composed layouts too
+    both = runs["both"]
+    assert set(both["comm_by_dim"]) == {"dp", "tp"}  # each collective filed under its group
+    assert results["loss_gap"] < 1e-4  # the composed run trains as one device
+    assert results["dim_bytes"]["dp"] > 0 and results["dim_bytes"]["tp"] > 0
+    n = results["world_size"]
+    assert results["groups"] == [[r, r + 1] for r in range(0, n, 2)]  # tp: neighbours
+    assert results["check"]["status"] == "passed"
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -171,4 +189,7 @@ NOTEBOOKS = {
                                  "memory_per_device": "6MiB", "global_batch": 256, "steps": 20,
                                  "epoch_samples": 100_000, "rows_options": [2000, 4000],
                                  "gpu_options": [1, 2], "interactive": False}, check_06),
+    "07_putting_it_together": ({"world_size": 4, "d_hidden": 512, "n_layers": 4,
+                                "global_batch": 64, "memory_per_device": "8MiB", "steps": 3,
+                                "interactive": False}, check_07),
 }

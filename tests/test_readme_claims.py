@@ -79,7 +79,7 @@ def test_smoke_size_figures_never_replace_the_readmes(monkeypatch):
             return written[-1]
         return figure
 
-    for name in ("all_reduce", "memory", "boundary", "sharding", "speedup"):
+    for name in ("all_reduce", "memory", "boundary", "sharding", "speedup", "composed"):
         monkeypatch.setattr(make, f"{name}_figure", fake(name))
     make.main(["--smoke"])
     assert written and all(REPO / "figures" not in path.parents for path in written)
@@ -93,7 +93,7 @@ def test_quick_launch_bench_stays_within_the_machine():
 
 
 @pytest.mark.parametrize("bench", ["launch", "memory", "sharding", "data_parallel",
-                                   "model_parallel"])
+                                   "model_parallel", "composed"])
 def test_bench_docstring_and_help_say_the_same_of_quick(bench):
     """The docstring's "--quick  # ..." comment and --quick's help text (read from the
     source: importing every bench would cost a minute)."""

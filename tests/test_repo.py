@@ -56,7 +56,7 @@ def test_figures_script_runs_at_smoke_size(tmp_path):
                              str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("all_reduce", "memory_wall", "boundary", "sharding", "speedup"):
+    for name in ("all_reduce", "memory_wall", "boundary", "sharding", "speedup", "composed"):
         png = tmp_path / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert str(png) in result.stdout

@@ -10,6 +10,7 @@ becomes the verdict.
 
 from labkit.check.gradients import average_gradients, bucket_hook
 from labkit.check.memory import predict_memory
+from labkit.check.mesh import mesh_groups
 from labkit.check.pipeline import pipeline_step
 from labkit.check.result import MIME_TYPE, CheckResult, ExerciseFailed
 from labkit.check.ring import ring_all_reduce
@@ -20,3 +21,4 @@ from labkit.check.zero import zero1
 __all__ = ["MIME_TYPE", "CheckResult", "ExerciseFailed", "average_gradients", "bucket_hook",
            "pipeline_step", "place_tables", "predict_memory", "ring_all_reduce",
            "tensor_parallel_linears", "zero1"]
+__all__ += ["mesh_groups"]

@@ -9,6 +9,7 @@ from labkit.plots.embedding import (
     plot_table_memory,
     plot_training,
 )
+from labkit.plots.layout import plot_layout_run, plot_rank_grid, plot_scenario
 from labkit.plots.memory import (
     plot_boundary,
     plot_estimates,
@@ -32,4 +33,5 @@ __all__ = ["plot_boundaries", "plot_comm_price", "plot_sharded_memory", "plot_ze
            "plot_losses",
            "plot_memory_bars", "plot_rank_memory", "plot_speedup", "plot_step_breakdown",
            "plot_step_times", "plot_split_matmul", "plot_tp_degrees", "plot_tp_vs_ddp"]
+__all__ += ["plot_layout_run", "plot_rank_grid", "plot_scenario"]
 __all__ += ["plot_ooms", "plot_plan", "plot_step_split", "plot_table_memory", "plot_training"]

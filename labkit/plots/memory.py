@@ -20,12 +20,16 @@ def _scale(max_bytes: float) -> tuple[float, str]:
 
 
 def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
-                     title: str = "memory per device", capacity_label: str = "") -> Figure:
+                     title: str = "memory per device", capacity_label: str = "",
+                     ax=None) -> Figure:
     """Stacked bars of bytes by category. Each bar: {"label", "breakdown": {category: bytes},
     "oom": bool (drawn hatched, with the allocation that failed on top), "requested": bytes,
-    "estimate": bytes (drawn as a black tick: what the estimator predicted)}."""
-    fig = Figure(figsize=(max(5.5, 1.4 * len(bars) + 3.5), 3.8), layout="constrained")
-    ax = fig.subplots()
+    "estimate": bytes (drawn as a black tick: what the estimator predicted)}. ``ax``: draw
+    into this Axes (of a larger Figure) instead of a new Figure."""
+    if ax is None:
+        fig = Figure(figsize=(max(5.5, 1.4 * len(bars) + 3.5), 3.8), layout="constrained")
+        ax = fig.subplots()
+    fig = ax.figure
     tops = [sum(b["breakdown"].get(c, 0) for c in CATEGORIES) + b.get("requested", 0)
             for b in bars]
     scale, unit = _scale(max(tops + [capacity_bytes or 0]))

@@ -14,3 +14,6 @@ __all__ = ["MemoryExplorer", "PipelineExplorer", "ScalingExplorer", "ShardingExp
            "quiz_html", "quiz_widget", "scaling_explorer", "sharding_explorer", "show_quiz",
            "show_source", "tp_explorer"]
 __all__ += ["RecommenderExplorer", "recommender_explorer"]
+from labkit.widgets.layout import LayoutExplorer, layout_explorer  # noqa: E402
+
+__all__ += ["LayoutExplorer", "layout_explorer"]

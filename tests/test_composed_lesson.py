@@ -1,0 +1,125 @@
+"""Notebook 07: its exercise check, both ways (the course's reference passes, planted wrong
+groupings fail with the message meant for them), the rank grid's arithmetic, and the layout
+picker over real runs."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import cloudpickle
+import pytest
+
+import labkit
+from labkit.plots.layout import grid_positions, group_links, plot_rank_grid, step_split_by_dim
+from labkit.widgets.layout import divisors, layout_from
+from tests.exercises import solution
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
+
+
+def tp_outermost(degrees, dim):
+    """Numbers the ranks with tp outermost (the mesh order reversed)."""
+    names = list(reversed(list(degrees)))
+    stride = math.prod(degrees[d] for d in names[names.index(dim) + 1:])
+    size = math.prod(degrees.values())
+    return [[r + i * stride for i in range(degrees[dim])] for r in range(size)
+            if (r // stride) % degrees[dim] == 0]
+
+
+def consecutive_for_every_dim(degrees, dim):
+    """Right for tp only: every dimension's groups made of consecutive ranks."""
+    size, d = math.prod(degrees.values()), degrees[dim]
+    return [list(range(start, start + d)) for start in range(0, size, d)]
+
+
+def only_the_first_group(degrees, dim):
+    return [list(range(degrees[dim]))]
+
+
+def not_written(degrees, dim):
+    raise NotImplementedError()
+
+
+@pytest.fixture(scope="module")
+def four():
+    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+def verdict(cluster, fn, status="failed"):
+    found = labkit.check.mesh_groups(cluster, fn)
+    assert found.status == status, str(found)
+    return str(found)
+
+
+def test_mesh_groups_both_ways(four):
+    reference = solution("07_putting_it_together", "mesh_groups_answer", "mesh_groups")
+    message = verdict(four, reference, status="passed")
+    assert "matches PyTorch's DeviceMesh" in message and "passed on 2 ranks too" in message
+    message = verdict(four, tp_outermost)
+    assert "on the real DeviceMesh is" in message and "tp innermost" in message
+    assert "on the real DeviceMesh is [0, 2], yours is [0, 1]" in verdict(
+        four, consecutive_for_every_dim)
+    assert "leave out rank(s) [2, 3]" in verdict(four, only_the_first_group)
+    assert "not attempted yet" in verdict(four, not_written, status="not attempted")
+    assert four.world_size == 4  # the check put the cluster back at its size
+
+
+def test_rank_grid_places_groups_where_they_talk():
+    layout = labkit.Layout(pp=2, dp=2, tp=2)
+    where = grid_positions(layout)
+    assert sorted(where.values()) == sorted((x, y) for x in range(2) for y in range(4))
+    links = group_links(layout)
+    assert ("tp", 0, 1) in links and ("dp", 0, 2) in links and ("pp", 0, 4) in links
+    assert len(links) == 3 * 4  # 4 groups of 2 per dimension, one link each
+    for dim, a, b in links:  # a tp link joins neighbours in a row
+        if dim == "tp":
+            assert where[a][1] == where[b][1] and abs(where[a][0] - where[b][0]) == 1
+    fig = plot_rank_grid(layout, {"tp": 10, "dp": 5, "pp": 1})
+    assert len(fig.axes) == 2
+    assert len(plot_rank_grid(labkit.Layout(dp=4)).axes) == 1
+
+
+def test_layout_picker_degrees():
+    assert divisors(4) == [1, 2, 4] and divisors(6) == [1, 2, 3, 6]
+    assert layout_from(4, fsdp=1, tp=2, pp=1) == labkit.Layout(dp=2, tp=2)
+    with pytest.raises(ValueError, match="does not divide the 4 ranks"):
+        layout_from(4, fsdp=2, tp=4, pp=1)
+
+
+class _Report:
+    """Just what step_split_by_dim reads."""
+
+    def __init__(self, dims):
+        self.ranks = [{"records": [{"comm_dims": dims}]}]
+
+    def split(self):
+        return {"compute_s": 0.5, "comm_s": 0.3}
+
+
+def test_step_split_shares_exposed_time_by_dimension():
+    parts = step_split_by_dim(_Report({"tp": {"seconds": 0.1}, "dp": {"seconds": 0.3}}))
+    assert parts == pytest.approx({"compute": 0.5, "dp": 0.225, "tp": 0.075})
+    assert sum(parts.values()) == pytest.approx(0.8)
+
+
+def test_layout_picker_trains_each_layout_once_and_says_what_is_wrong():
+    """Two ranks, a tiny MLP: the sliders offer the divisors of 2, dp takes what is left, a
+    product that does not divide the ranks is said in the panel, runs are cached."""
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=64, n_layers=2),
+                                global_batch=16, steps=2)
+    with labkit.Cluster(2, device="cpu", progress=False) as two:
+        explorer = labkit.widgets.LayoutExplorer(two, config)
+        box = explorer.widget(labkit.Layout(dp=2), background=False)
+        assert box.sliders["tp"].options == (1, 2) and box.sliders["dp"].disabled
+        assert "dp2" in box.message.value and box.plot.outputs[0]["data"]["image/png"]
+        box.sliders["tp"].value = 2
+        assert box.sliders["dp"].value == 1 and "tp2" in box.message.value
+        box.sliders["fsdp"].value = 2
+        assert "does not divide the 2 ranks" in box.status.value
+        assert set(explorer._runs) == {labkit.Layout(dp=2), labkit.Layout(tp=2)}
+        report, oom = explorer.run(labkit.Layout(tp=2))
+        assert oom is None and report.losses == pytest.approx(explorer.reference().losses,
+                                                              abs=1e-5)
+        assert two.world_size == 2  # the one-device reference put the cluster back
