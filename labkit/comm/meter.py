@@ -43,6 +43,18 @@ class CommStat:
     seconds: float = 0.0
 
 
+def totals_by_kind(stats) -> dict[str, list]:
+    """{collective: [calls, tensor bytes, bytes sent per rank]} of ``stats`` (CommStat rows),
+    summed over mesh dimensions."""
+    out: dict[str, list] = {}
+    for stat in stats:
+        counts = out.setdefault(stat.kind, [0, 0, 0.0])
+        counts[0] += stat.calls
+        counts[1] += stat.bytes
+        counts[2] += stat.wire_bytes
+    return out
+
+
 def _world(group) -> str:
     return "world"
 
@@ -171,13 +183,7 @@ class CommMeter:
     @property
     def by_kind(self) -> dict[str, list]:
         """{collective: [calls, tensor bytes, bytes sent per rank]}, summed over dimensions."""
-        out: dict[str, list] = {}
-        for stat in self.stats:
-            counts = out.setdefault(stat.kind, [0, 0, 0.0])
-            counts[0] += stat.calls
-            counts[1] += stat.bytes
-            counts[2] += stat.wire_bytes
-        return out
+        return totals_by_kind(self.stats)
 
     @property
     def busy_s(self) -> float:

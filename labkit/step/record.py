@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from labkit.comm.meter import CommStat
+from labkit.comm.meter import CommStat, totals_by_kind
 
 _SUMMARIES = ("comm_bytes", "comm_wire_bytes", "comm_calls", "comm_kinds", "comm_dims")
 
@@ -71,13 +71,7 @@ class StepRecord:
     @property
     def comm_kinds(self) -> dict[str, list]:
         """{collective: [calls, tensor bytes, bytes sent per rank]}, over every dimension."""
-        out: dict[str, list] = {}
-        for s in self.comm:
-            counts = out.setdefault(s.kind, [0, 0, 0.0])
-            counts[0] += s.calls
-            counts[1] += s.bytes
-            counts[2] += s.wire_bytes
-        return out
+        return totals_by_kind(self.comm)
 
     @property
     def comm_dims(self) -> dict[str, dict]:
