@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import labkit
+from labkit.costs import model_state_bytes
 from labkit.layout import Layout
 from labkit.layout.rules import check_run
 from labkit.memory.oom import CATEGORIES, MODEL_STATE
-from labkit.models import GPTConfig, MLPConfig
+from labkit.models import GPTConfig, MLPConfig, build_model
 
 GPT = GPTConfig()  # 2 blocks, 64 tokens per sample: activations dominate at batch 16
 LEVERS = {"checkpointing": {"activation_checkpointing": True},
@@ -81,6 +82,22 @@ def test_precision_sets_the_bytes_of_each_category(runs):
     assert mixed["activations"] < 0.8 * fp32["activations"]  # bf16 compute saves bf16 tensors
 
 
+def test_model_state_per_parameter_is_the_formulas(runs):
+    """What notebook 05's ZeRO picture can use: bytes per parameter of the runs themselves
+    (labkit's "mixed" keeps fp32 state: the formula's "fp32" row, not the paper's mixed)."""
+    params = list(build_model(GPT, "meta", 0).parameters())
+    n, largest = sum(p.numel() for p in params), max(p.numel() for p in params)
+    for run, row, width in (("plain", "fp32", 4), ("mixed", "fp32", 4), ("bf16", "bf16", 2)):
+        formula, peaks = model_state_bytes(n, precision=row), _measured(runs[run])["category_peaks"]
+        assert peaks["parameters"] == formula["parameters"]
+        assert peaks["gradients"] == formula["gradients"]
+        # Adam's moments, its fp32 step counters (4 bytes per tensor) and, at its peak, the
+        # temporaries of one tensor's update (foreach=False: one tensor at a time; here two
+        # of the largest tensor's size and a few small ones)
+        extra = peaks["optimizer"] - formula["optimizer"] - 4 * len(params)
+        assert 2 * width * largest <= extra <= 3 * width * largest, (run, extra)
+
+
 def test_checkpointing_and_accumulation_save_activations(runs):
     plain = _measured(runs["plain"])["category_peaks"]["activations"]
     for lever in ("checkpointing", "accumulation"):
@@ -133,3 +150,13 @@ def test_levers_on_two_ranks_fsdp_mixed_and_ddp_accumulation(two):
     for name, weight in ddp[0].ranks[0]["weights"].items():
         torch.testing.assert_close(ddp[1].ranks[0]["weights"][name], weight, rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_checkpointing_inside_pipeline_stages(two):
+    """The blocks a stage holds are checkpointed there too (torch's schedule runs them)."""
+    plain, run = (labkit.train(two, model=GPTConfig(n_layers=4), strategy="gpipe",
+                               global_batch=16, micro_batches=2, steps=3,
+                               activation_checkpointing=flag) for flag in (False, True))
+    assert run.losses == plain.losses
+    assert run.estimate_error() < TOLERANCE
+    assert max(run.peak_bytes) < 0.9 * max(plain.peak_bytes)
