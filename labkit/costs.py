@@ -51,9 +51,13 @@ def training_bytes(weight_bytes: float, optimizer: str) -> float:
 # optimizer state K). Mixed precision keeps fp16 weights and gradients and, in fp32, a master
 # copy of the weights plus Adam's moments (K = 4 + 2 x 4 = 12); plain fp32 Adam keeps its
 # moments only (K = 2 x 4 = 8).
-_FP32 = 4
+# labkit's own runs: precision="fp32" and "mixed" (fp32 master weights, bf16 compute) hold
+# the "fp32" row; precision="bf16" keeps weights, gradients and moments all in bfloat16 (no
+# master copy): 2 + 2 + 4. (The ZeRO paper's "mixed" row is not a labkit run's "mixed".)
+_FP32, _BF16 = 4, 2
 _STATE_BYTES = {"mixed": (2, 2, _FP32 + OPTIMIZER_STATE_COPIES["adam"] * _FP32),
-                "fp32": (_FP32, _FP32, OPTIMIZER_STATE_COPIES["adam"] * _FP32)}
+                "fp32": (_FP32, _FP32, OPTIMIZER_STATE_COPIES["adam"] * _FP32),
+                "bf16": (_BF16, _BF16, OPTIMIZER_STATE_COPIES["adam"] * _BF16)}
 
 
 def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,

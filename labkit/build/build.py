@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
+from torch.distributed._composable import checkpoint
 from torch.distributed.tensor.parallel import parallelize_module
 
 from labkit.build.context import ParallelContext
@@ -63,6 +64,8 @@ class Built:
         untraced_bytes: memory kept outside the traced step that the estimator adds (DDP's
             buckets: DDP does not run on fake tensors).
         table_plan: the DLRM's table placement, or None.
+        engine_casts: FSDP2's ``MixedPrecisionPolicy`` makes the bfloat16 copies for
+            precision="mixed", so the step does not autocast.
     """
 
     parts: list[nn.Module]
@@ -75,6 +78,7 @@ class Built:
     overlaps_comm: bool = False
     untraced_bytes: int = 0
     table_plan: Any = None
+    engine_casts: bool = False
 
     @property
     def model(self) -> nn.Module:
@@ -94,13 +98,14 @@ def _split(model: nn.Module, plan, ctx: ParallelContext):
     return list(parts), list(names), ids
 
 
-def _shard(parts: list[nn.Module], plan, ctx: ParallelContext) -> list[nn.Module]:
+def _shard(parts: list[nn.Module], plan, ctx: ParallelContext,
+           precision: str = "fp32") -> list[nn.Module]:
     """Step 4: FSDP2's engines, on the meta device."""
     layout = ctx.layout
     engine = layout.data_engine
     if engine == "fsdp":
         mesh = ctx.submesh(*shard_dims(layout))
-        return [apply_fsdp(part, plan.fsdp_units(part), mesh) for part in parts]
+        return [apply_fsdp(part, plan.fsdp_units(part), mesh, precision) for part in parts]
     if engine == "ddp" and (layout.tp > 1 or layout.pipelined):
         return [apply_replicate(part, ctx.submesh("dp")) for part in parts]
     return parts
@@ -151,8 +156,11 @@ def build(ctx: ParallelContext, config) -> Built:
             model = shard_tables(model, placement, ctx.submesh("fsdp"), layout.tables)
         if layout.tp > 1:
             parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
+        if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
+            for unit in plan.checkpoint_units(model):
+                checkpoint(unit)  # composable: hooks only, the weights keep their names
         parts, names, ids = _split(model, plan, ctx)
-        parts = _shard(parts, plan, ctx)
+        parts = _shard(parts, plan, ctx, config.precision)
     materialize(parts, names, config, layout.tp, ctx.device)
     modules, engine = _replicate(parts, ctx, config)
     optimizer = _optimizer(parts, ctx, config)
@@ -162,4 +170,6 @@ def build(ctx: ParallelContext, config) -> Built:
                                   ctx.coordinate("pp"), layout.pp, ctx.group("pp"),
                                   ctx.device, config.micro_batches, loss_fn(config.model),
                                   layout.pipeline_schedule, ctx.clock)
-    return Built(parts, names, modules, optimizer, pipeline, table_plan=placement, **engine)
+    casts = layout.data_engine == "fsdp" and config.precision == "mixed"
+    return Built(parts, names, modules, optimizer, pipeline, table_plan=placement,
+                 engine_casts=casts, **engine)

@@ -17,6 +17,7 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
                          f"choose degrees whose product is {world_size}")
     _check_batch(config, layout)
     plan = plan_for(config.model)
+    _check_levers(config, layout, plan)
     plan.check_tp(config.model, layout.tp)
     if layout.pipelined:
         _check_pipeline(config, layout)
@@ -29,8 +30,22 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
         plan.check_tables(config.model, layout.tables, layout.fsdp)
 
 
+def _check_levers(config, layout: Layout, plan) -> None:
+    """The memory levers (precision, gradient accumulation, activation checkpointing)."""
+    if config.activation_checkpointing:
+        plan.check_checkpointing(config.model)
+    if layout.pipelined and config.grad_accumulation > 1:
+        raise ValueError("a pipeline already accumulates gradients over its micro-batches: "
+                         f"set micro_batches={config.micro_batches * config.grad_accumulation}"
+                         " and grad_accumulation=1")
+    if layout.pipelined and config.precision != "fp32":
+        raise ValueError(f"precision={config.precision!r} is not applied to pipeline stages "
+                         "here: use precision='fp32' with a pipeline, or a layout without one")
+
+
 def _check_batch(config, layout: Layout) -> None:
-    batch, micro, slices = config.global_batch, config.micro_batches, layout.data_size
+    batch, slices = config.global_batch, layout.data_size
+    micro = config.micro_batches * config.grad_accumulation
     if slices == 1 and batch % micro:
         raise ValueError(f"global_batch {batch} does not split into {micro} micro-batches: "
                          "choose a multiple")

@@ -42,7 +42,7 @@ from labkit.memory.tracker import MemoryTracker, relabel_live
 from labkit.memory.units import format_bytes
 from labkit.models import example_batch, loss_fn
 from labkit.pipeline_parallel.trace import PipelineTrace
-from labkit.step.spmd import run_step
+from labkit.step.spmd import micro_steps, run_step, step_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes"]
 
@@ -52,7 +52,9 @@ class MemoryEstimate:
     """A rank's estimated peak: bytes by category at the peak, and the phase it falls in.
 
     ``rank`` is the traced rank with the highest peak; ``per_rank`` the peak of every rank
-    traced (one per pipeline stage, or per rank of a table group; else rank 0 alone)."""
+    traced (one per pipeline stage, or per rank of a table group; else rank 0 alone);
+    ``category_peaks`` each category's own highest value on that rank (gradients peak after
+    backward, activations during it: not at the same moment)."""
 
     strategy: str
     world_size: int
@@ -64,6 +66,7 @@ class MemoryEstimate:
     extras: dict[str, int] = field(default_factory=dict)
     rank: int = 0
     per_rank: dict[int, int] = field(default_factory=dict)
+    category_peaks: dict[str, int] = field(default_factory=dict)
 
     def fits(self, capacity_bytes: int) -> bool:
         return self.peak_bytes <= capacity_bytes
@@ -129,8 +132,8 @@ def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
             pipeline.step(batch, built.optimizer, built.sync_gradients)
         else:
             run_step(built.model, batch, loss_fn(config.model), built.optimizer,
-                     config.precision, built.sync_gradients,
-                     micro_batches=config.micro_batches, no_sync=built.no_sync)
+                     step_precision(config, built), built.sync_gradients,
+                     micro_batches=micro_steps(config), no_sync=built.no_sync)
 
 
 def _trace(config, layout, world_size: int, rank: int) -> dict:
@@ -167,6 +170,8 @@ def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
     if traced["untraced_bytes"]:  # DDP allocates its buckets even on one rank
         extras["ddp_buckets"] = traced["untraced_bytes"]
         at_peak["other"] += traced["untraced_bytes"]
+    peaks = {c: int(traced["category_peaks"][c]) for c in CATEGORIES}
+    peaks["other"] += traced["untraced_bytes"]
     return MemoryEstimate(config.label, world_size, config.global_batch // layout.data_size,
                           sum(at_peak.values()), traced["peak_phase"], at_peak, extras=extras,
-                          rank=worst, per_rank=totals)
+                          rank=worst, per_rank=totals, category_peaks=peaks)

@@ -234,7 +234,9 @@ class MemoryTracker(upstream.MemTracker):
             return res
         if self._in_opt:
             reftype = upstream._MemRefType.OPT
-        elif self._mod_tracker.is_bw and not self._in_ac:
+        elif self._mod_tracker.is_bw and not (self._in_ac or self._mod_tracker.depth):
+            # a module's forward inside backward is activation checkpointing recomputing a
+            # block: what it makes are activations again, not backward's temporaries
             reftype = upstream._MemRefType.TEMP
         else:
             reftype = upstream._MemRefType.ACT

@@ -63,6 +63,14 @@ class GPTPlan(ParallelPlan):
     def fsdp_units(self, module: nn.Module) -> list[nn.Module]:
         return [m for m in module.modules() if isinstance(m, Block) and m is not module]
 
+    def check_checkpointing(self, config) -> None:
+        pass  # every block is a checkpoint unit
+
+    def checkpoint_units(self, module: nn.Module) -> list[nn.Module]:
+        # A block saves several (batch, seq, d_model) tensors and two 4x-wide ones (norms,
+        # qkv, attention, the MLP's hidden layer); checkpointed, only its input.
+        return [m for m in module.modules() if isinstance(m, Block) and m is not module]
+
     def to_tp_layout(self, name: str, tensor: torch.Tensor, tp: int) -> torch.Tensor:
         if tp > 1 and name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
             return tensor[_heads_order(tensor.shape[0], tp)]

@@ -29,6 +29,12 @@ class ParallelPlan:
         raise ValueError(f"a pipeline cuts a chain of layers: choose the zoo's 'mlp' or 'gpt',"
                          f" not {self.family!r}")
 
+    def check_checkpointing(self, config) -> None:
+        """Raise unless the model has blocks for activation checkpointing to recompute."""
+        raise ValueError(f"activation checkpointing recomputes the transformer blocks of the "
+                         f"zoo's 'gpt'; {self.family!r} has no blocks here: choose model='gpt'"
+                         f" or activation_checkpointing=False")
+
     def check_tables(self, config, tables: str, group_size: int) -> None:
         raise ValueError(f"'{tables}' shards the embedding tables of the zoo's 'dlrm', not "
                          f"{self.family!r}")
@@ -44,6 +50,11 @@ class ParallelPlan:
 
     def fsdp_units(self, module: nn.Module) -> list[nn.Module]:
         """Submodules of ``module`` that FSDP gathers and frees as one unit each."""
+        return []
+
+    def checkpoint_units(self, module: nn.Module) -> list[nn.Module]:
+        """Submodules of ``module`` whose activations are recomputed in backward (one
+        ``torch.utils.checkpoint`` region each: only their input is kept)."""
         return []
 
     # ----- weights in tensor-parallel order -----------------------------------------------

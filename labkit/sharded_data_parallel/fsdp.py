@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from labkit.layout.layout import Layout
 
@@ -35,11 +36,24 @@ def shard_dims(layout: Layout) -> tuple[str, ...]:
     return ("dp", "fsdp") if layout.dp > 1 and layout.fsdp > 1 else ("fsdp",)
 
 
-def apply_fsdp(part: nn.Module, units: list[nn.Module], mesh) -> nn.Module:
+def mixed_policy(precision: str, outermost: bool = False) -> MixedPrecisionPolicy:
+    """FSDP2's casts for ``precision``: with "mixed" the fp32 shards (the master weights,
+    their gradients and optimizer state) are gathered as bfloat16 for compute and gradients
+    reduced in fp32; the outermost module returns fp32 (so the loss is fp32). Inner units
+    return bfloat16: the layers of the part around them compute in bfloat16 too. Else none.
+    """
+    if precision != "mixed":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                output_dtype=torch.float32 if outermost else None)
+
+
+def apply_fsdp(part: nn.Module, units: list[nn.Module], mesh,
+               precision: str = "fp32") -> nn.Module:
     """``fully_shard`` each unit, then the part itself (it takes what the units left)."""
     for unit in units:
-        fully_shard(unit, mesh=mesh)
-    return fully_shard(part, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=mixed_policy(precision))
+    return fully_shard(part, mesh=mesh, mp_policy=mixed_policy(precision, outermost=True))
 
 
 def apply_replicate(part: nn.Module, mesh) -> nn.Module:

@@ -19,6 +19,17 @@ def _cast_inputs(value, precision: str):
     return value
 
 
+def micro_steps(config) -> int:
+    """Forward-backward passes per optimizer step: gradient accumulation's micro-steps (and
+    the micro_batches that do the same without a pipeline)."""
+    return config.micro_batches * config.grad_accumulation
+
+
+def step_precision(config, built) -> str:
+    """What the step itself casts: nothing where FSDP2's policy already runs in bfloat16."""
+    return "fp32" if built.engine_casts else config.precision
+
+
 def split_batch(value, parts: int) -> list:
     """Split a tensor, or a tuple of tensors, into ``parts`` equal chunks along the batch."""
     if isinstance(value, tuple):

@@ -32,7 +32,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
     ``fields`` are those of :class:`TrainConfig` (model, strategy or layout, global_batch,
-    steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights).
+    steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
+    grad_accumulation, activation_checkpointing).
     ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
     checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
     when a rank runs out of memory; when the model state alone was more than the capacity

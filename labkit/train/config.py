@@ -28,10 +28,21 @@ class TrainConfig:
             ``Layout(fsdp=2, tp=2)``); its degrees must multiply to the rank count.
         global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
         steps: optimizer steps; the first also builds lazy state and is left out of timings.
-        precision: "fp32"; "bf16" (weights and compute in bfloat16); "mixed" (fp32 weights,
-            bfloat16 autocast).
+        precision: "fp32"; "bf16" (weights, gradients, optimizer state and compute in
+            bfloat16); "mixed" (fp32 master weights, gradients and optimizer state, bfloat16
+            compute: autocast, or FSDP2's ``MixedPrecisionPolicy`` where FSDP shards).
+            Pipelines run in fp32 only.
         micro_batches: process each rank's batch in this many chunks, one after another,
-            adding up their gradients (gradient accumulation).
+            adding up their gradients (gradient accumulation); in a pipeline, the chunks
+            its schedule sends through the stages.
+        grad_accumulation: micro-steps per optimizer step: each rank's batch is cut into
+            this many micro-batches, run forward and backward one after another, their
+            gradients added up before one optimizer step. Same global batch, same update
+            (up to float rounding); activations of one micro-batch at a time. Not with a
+            pipeline (raise its micro_batches instead).
+        activation_checkpointing: keep only each block's input in forward and recompute
+            the block during backward (``torch.utils.checkpoint``, non-reentrant; the
+            model's plan says what a block is: the GPT's transformer blocks).
         bucket_cap_mb: DDP's gradient bucket size.
         return_weights: also return every rank's final weights (for parity checks).
     """
@@ -48,6 +59,8 @@ class TrainConfig:
     micro_batches: int = 1
     bucket_cap_mb: float = 25.0
     return_weights: bool = False
+    grad_accumulation: int = 1
+    activation_checkpointing: bool = False
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -99,3 +112,5 @@ def _check_fields(config: TrainConfig) -> None:
     fields.one_of(config, "optimizer", OPTIMIZERS)
     fields.one_of(config, "precision", PRECISIONS)
     fields.flag(config, "return_weights")
+    fields.whole(config, "grad_accumulation")
+    fields.flag(config, "activation_checkpointing")

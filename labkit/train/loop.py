@@ -24,7 +24,7 @@ from labkit.memory.tracker import relabel_live
 from labkit.models import local_slice, loss_fn, make_batch, to_device
 from labkit.pipeline_parallel.schedule import pipeline_step
 from labkit.step.record import StepRecord
-from labkit.step.spmd import run_step
+from labkit.step.spmd import micro_steps, run_step, step_precision
 from labkit.train.config import TrainConfig
 
 # Steps 0 and 1 hold the peak of every later step (step 0 creates the optimizer state,
@@ -87,8 +87,8 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
                                    sync_gradients)
         else:
             timing = run_step(built.model, batch, loss_fn(config.model), built.optimizer,
-                              config.precision, sync_gradients, run.clock,
-                              config.micro_batches, built.no_sync)
+                              step_precision(config, built), sync_gradients, run.clock,
+                              micro_steps(config), built.no_sync)
     del batch
     record = _record(built, timing, meter, tracked)
     for observer in observers:

@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--grad-accumulation", type=int, default=1,
+                        help="micro-steps per optimizer step")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each block's activations in backward")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -66,7 +70,9 @@ def _config(args) -> TrainConfig:
                 else {"strategy": args.strategy})
     return TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
                        lr=args.lr, optimizer=args.optimizer, precision=args.precision,
-                       micro_batches=args.micro_batches, **parallel)
+                       micro_batches=args.micro_batches,
+                       grad_accumulation=args.grad_accumulation,
+                       activation_checkpointing=args.activation_checkpointing, **parallel)
 
 
 def _device(args) -> torch.device:
