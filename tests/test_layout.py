@@ -57,6 +57,11 @@ def test_pipeline_stages_need_layers_with_weights():
         check_run(_config(MLPConfig(n_layers=3), micro_batches=2), interleaved, 2)
     with pytest.raises(ValueError, match="chain of layers"):
         check_run(_config(DLRMConfig(), micro_batches=2), Layout(pp=2), 2)
+    # The model is said first: more micro-batches would not make the DLRM a chain.
+    with pytest.raises(ValueError, match="chain of layers"):
+        check_run(_config(DLRMConfig()), Layout(pp=4), 4)
+    with pytest.raises(ValueError, match="cannot fill 4 stages"):
+        check_run(_config(MLPConfig(n_layers=3)), Layout(pp=4), 4)
 
 
 def test_schedules_need_their_micro_batches():
