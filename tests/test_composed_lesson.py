@@ -41,6 +41,21 @@ def not_written(degrees, dim):
     raise NotImplementedError()
 
 
+def ranks_as_letters(degrees, dim):
+    return [["a", "b"]]
+
+
+def ranks_as_floats(degrees, dim):
+    """The right groups, each rank off by 0.4: not ranks."""
+    return [[r + 0.4 for r in group] for group in consecutive_for_every_dim(degrees, "tp")]
+
+
+def groups_as_iterators(degrees, dim):
+    """Consecutive ranks (right for tp only), each group an iterator."""
+    return [iter(range(start, start + degrees[dim]))
+            for start in range(0, math.prod(degrees.values()), degrees[dim])]
+
+
 @pytest.fixture(scope="module")
 def four():
     with labkit.Cluster(4, device="cpu", progress=False) as cluster:
@@ -64,6 +79,15 @@ def test_mesh_groups_both_ways(four):
     assert "leave out rank(s) [2, 3]" in verdict(four, only_the_first_group)
     assert "not attempted yet" in verdict(four, not_written, status="not attempted")
     assert four.world_size == 4  # the check put the cluster back at its size
+
+
+def test_mesh_groups_says_what_is_wrong_with_groups_that_are_not_lists_of_ranks(four):
+    """Answers of the wrong type get a verdict naming it, never an exception in the cell."""
+    for planted in (ranks_as_letters, ranks_as_floats):
+        message = verdict(four, planted)
+        assert "each a list of ranks (whole numbers)" in message, (planted.__name__, message)
+    # groups given as iterators are read once, and judged on their ranks
+    assert "is [0, 2], yours is [0, 1]" in verdict(four, groups_as_iterators)
 
 
 def test_rank_grid_places_groups_where_they_talk():
