@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 import sys
+from types import SimpleNamespace
 
 import cloudpickle
 import pytest
 
 import labkit
+from labkit.layout import check_run
 from labkit.plots.layout import grid_positions, group_links, plot_rank_grid, step_split_by_dim
 from labkit.widgets.layout import divisors, layout_from
 from tests.exercises import solution
@@ -147,3 +149,15 @@ def test_layout_picker_trains_each_layout_once_and_says_what_is_wrong():
         assert oom is None and report.losses == pytest.approx(explorer.reference().losses,
                                                               abs=1e-5)
         assert two.world_size == 2  # the one-device reference put the cluster back
+
+
+def test_layout_picker_chooses_micro_batches_that_split_the_batch():
+    """Two per stage where they split each data rank's samples, else the fewest that do
+    (1F1B needs one per stage): every pp the sliders offer on 3 ranks trains."""
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(n_layers=4), global_batch=32)
+    explorer = labkit.widgets.LayoutExplorer(SimpleNamespace(world_size=3,
+                                                             memory_per_device=None), config)
+    three = explorer.config_for(labkit.Layout(pp=3))  # 6 would not split 32 samples
+    check_run(three, three.layout, 3)
+    assert three.micro_batches == 4
+    assert explorer.config_for(labkit.Layout(dp=2, pp=2)).micro_batches == 4
