@@ -4,6 +4,7 @@ Pure arithmetic: no rank starts here."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import labkit
@@ -27,6 +28,13 @@ def _config(model=None, **fields):
 def test_layouts_that_no_engine_runs_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         Layout(**fields)
+
+
+def test_numpy_degrees_are_taken_as_plain_ints():
+    """As every config field: a degree computed with numpy is a whole number too."""
+    layout = Layout(dp=np.int64(2), tp=np.int32(2))
+    assert type(layout.dp) is int and layout == Layout(dp=2, tp=2)
+    assert hash(layout) == hash(Layout(dp=2, tp=2))  # the layout picker caches runs by it
 
 
 def test_the_product_of_the_degrees_is_the_rank_count():
