@@ -9,13 +9,14 @@ import sys
 from types import SimpleNamespace
 
 import cloudpickle
+import nbformat
 import pytest
 
 import labkit
 from labkit.layout import check_run
 from labkit.plots.layout import grid_positions, group_links, plot_rank_grid, step_split_by_dim
 from labkit.widgets.layout import divisors, layout_from
-from tests.exercises import solution
+from tests.exercises import COURSE, solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
 
@@ -161,3 +162,28 @@ def test_layout_picker_chooses_micro_batches_that_split_the_batch():
     check_run(three, three.layout, 3)
     assert three.micro_batches == 4
     assert explorer.config_for(labkit.Layout(dp=2, pp=2)).micro_batches == 4
+
+
+def _setup_cells(**parameters) -> dict:
+    """Notebook 07's parameters cell with ``parameters`` injected, then its setup cell (no
+    rank starts there): the names they define."""
+    nb = nbformat.read(COURSE / "07_putting_it_together.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    setup = next(c for c in code if "composed_layout =" in c)
+    namespace = {"display": lambda *args: None}
+    exec(code[0] + "".join(f"\n{k} = {v!r}" for k, v in parameters.items()), namespace)
+    exec(setup, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("asked", [3, 5, 6, 12])
+def test_notebook_07_picks_a_rank_count_its_layouts_split(asked):
+    """Asked for ranks its layouts cannot split (dp=2 x tp=n/2 of a 1024-wide MLP, the
+    exercise's layouts), the lesson uses 4 or 8 ranks instead of failing halfway."""
+    cells = _setup_cells(world_size=asked, oversubscribe=True)
+    n, layout = cells["world_size"], cells["composed_layout"]
+    assert n in labkit.check.mesh.LAYOUTS and layout.size == n
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=cells["d_hidden"]),
+                                global_batch=cells["global_batch"])
+    for each in (layout, labkit.Layout(tp=n), labkit.Layout(dp=n)):
+        check_run(config, each, n)
