@@ -16,6 +16,9 @@ from labkit.layout import Layout
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig
 
 MLP = MLPConfig(d_in=32, d_hidden=128, n_layers=4, d_out=8)
+# 3 linears in 2 stages: the cut falls inside a tensor-parallel pair (column-wise, then
+# row-wise), so a tp rank's local shard (batch, d_hidden / tp) crosses to the next stage
+MLP_ODD_CUT = MLPConfig(d_in=32, d_hidden=128, n_layers=3, d_out=8)
 GPT = GPTConfig(vocab_size=128, seq_len=16, d_model=64, n_heads=4, n_layers=2)
 DLRM = DLRMConfig(num_tables=4, rows_per_table=256, embedding_dim=8, bottom_hidden=16,
                   top_hidden=16)
@@ -31,6 +34,9 @@ COMBINATIONS = {
                       {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
     "dp2_pp2_1f1b": (MLP, Layout(dp=2, pp=2, schedule="1f1b"), 2,
                      {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
+    # (rank 0's stage is one column-wise linear: its tp pair never communicates)
+    "tp2_pp2_cut_inside_a_tp_pair": (MLP_ODD_CUT, Layout(tp=2, pp=2), 2,
+                                     {"pp": {"send", "recv"}}),
     "naive_dp2_tp2": (MLP, Layout(dp=2, tp=2, dp_kind="naive"), 1,
                       {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
     "naive_dp2_pp2": (MLP, Layout(dp=2, pp=2, dp_kind="naive", schedule="gpipe"), 2,

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 import sys
+from types import SimpleNamespace
 
 import cloudpickle
+import nbformat
 import pytest
 
 import labkit
+from labkit.layout import check_run
 from labkit.plots.layout import grid_positions, group_links, plot_rank_grid, step_split_by_dim
 from labkit.widgets.layout import divisors, layout_from
-from tests.exercises import solution
+from tests.exercises import COURSE, solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
 
@@ -41,6 +44,21 @@ def not_written(degrees, dim):
     raise NotImplementedError()
 
 
+def ranks_as_letters(degrees, dim):
+    return [["a", "b"]]
+
+
+def ranks_as_floats(degrees, dim):
+    """The right groups, each rank off by 0.4: not ranks."""
+    return [[r + 0.4 for r in group] for group in consecutive_for_every_dim(degrees, "tp")]
+
+
+def groups_as_iterators(degrees, dim):
+    """Consecutive ranks (right for tp only), each group an iterator."""
+    return [iter(range(start, start + degrees[dim]))
+            for start in range(0, math.prod(degrees.values()), degrees[dim])]
+
+
 @pytest.fixture(scope="module")
 def four():
     with labkit.Cluster(4, device="cpu", progress=False) as cluster:
@@ -64,6 +82,15 @@ def test_mesh_groups_both_ways(four):
     assert "leave out rank(s) [2, 3]" in verdict(four, only_the_first_group)
     assert "not attempted yet" in verdict(four, not_written, status="not attempted")
     assert four.world_size == 4  # the check put the cluster back at its size
+
+
+def test_mesh_groups_says_what_is_wrong_with_groups_that_are_not_lists_of_ranks(four):
+    """Answers of the wrong type get a verdict naming it, never an exception in the cell."""
+    for planted in (ranks_as_letters, ranks_as_floats):
+        message = verdict(four, planted)
+        assert "each a list of ranks (whole numbers)" in message, (planted.__name__, message)
+    # groups given as iterators are read once, and judged on their ranks
+    assert "is [0, 2], yours is [0, 1]" in verdict(four, groups_as_iterators)
 
 
 def test_rank_grid_places_groups_where_they_talk():
@@ -123,3 +150,40 @@ def test_layout_picker_trains_each_layout_once_and_says_what_is_wrong():
         assert oom is None and report.losses == pytest.approx(explorer.reference().losses,
                                                               abs=1e-5)
         assert two.world_size == 2  # the one-device reference put the cluster back
+
+
+def test_layout_picker_chooses_micro_batches_that_split_the_batch():
+    """Two per stage where they split each data rank's samples, else the fewest that do
+    (1F1B needs one per stage): every pp the sliders offer on 3 ranks trains."""
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(n_layers=4), global_batch=32)
+    explorer = labkit.widgets.LayoutExplorer(SimpleNamespace(world_size=3,
+                                                             memory_per_device=None), config)
+    three = explorer.config_for(labkit.Layout(pp=3))  # 6 would not split 32 samples
+    check_run(three, three.layout, 3)
+    assert three.micro_batches == 4
+    assert explorer.config_for(labkit.Layout(dp=2, pp=2)).micro_batches == 4
+
+
+def _setup_cells(**parameters) -> dict:
+    """Notebook 07's parameters cell with ``parameters`` injected, then its setup cell (no
+    rank starts there): the names they define."""
+    nb = nbformat.read(COURSE / "07_putting_it_together.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    setup = next(c for c in code if "composed_layout =" in c)
+    namespace = {"display": lambda *args: None}
+    exec(code[0] + "".join(f"\n{k} = {v!r}" for k, v in parameters.items()), namespace)
+    exec(setup, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("asked", [3, 5, 6, 12])
+def test_notebook_07_picks_a_rank_count_its_layouts_split(asked):
+    """Asked for ranks its layouts cannot split (dp=2 x tp=n/2 of a 1024-wide MLP, the
+    exercise's layouts), the lesson uses 4 or 8 ranks instead of failing halfway."""
+    cells = _setup_cells(world_size=asked, oversubscribe=True)
+    n, layout = cells["world_size"], cells["composed_layout"]
+    assert n in labkit.check.mesh.LAYOUTS and layout.size == n
+    config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=cells["d_hidden"]),
+                                global_batch=cells["global_batch"])
+    for each in (layout, labkit.Layout(tp=n), labkit.Layout(dp=n)):
+        check_run(config, each, n)

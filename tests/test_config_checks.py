@@ -91,3 +91,22 @@ def test_an_oom_while_the_model_is_built_blames_the_weights(two):
     assert error.category == "parameters"
     assert "weights alone do not fit" in str(error)
     assert "activations dominate" not in str(error)
+
+
+def test_train_puts_back_only_a_cap_it_changed():
+    """A widget thread's run (no cap of its own) that starts while a cell's run has lifted
+    the cap (memory_per_device=None) must not put that lifted cap back afterwards: the cell's
+    run restores the cluster's cap while the widget's waits for the cluster."""
+
+    class Shared:  # the cluster as the widget's thread sees it
+        world_size, device, backend = 2, "cpu", "gloo"
+        memory_per_device = None  # lifted by the cell's run, in progress
+
+        def run(self, *args, **kwargs):
+            self.memory_per_device = 32 * 2**20  # the cell's run ended and put its cap back
+            raise RuntimeError("the widget's run")
+
+    cluster = Shared()
+    with pytest.raises(RuntimeError, match="the widget's run"):
+        labkit.train(cluster, model=MLPConfig(d_hidden=64), strategy="ddp", estimate=False)
+    assert cluster.memory_per_device == 32 * 2**20

@@ -4,6 +4,7 @@ Pure arithmetic: no rank starts here."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import labkit
@@ -27,6 +28,13 @@ def _config(model=None, **fields):
 def test_layouts_that_no_engine_runs_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         Layout(**fields)
+
+
+def test_numpy_degrees_are_taken_as_plain_ints():
+    """As every config field: a degree computed with numpy is a whole number too."""
+    layout = Layout(dp=np.int64(2), tp=np.int32(2))
+    assert type(layout.dp) is int and layout == Layout(dp=2, tp=2)
+    assert hash(layout) == hash(Layout(dp=2, tp=2))  # the layout picker caches runs by it
 
 
 def test_the_product_of_the_degrees_is_the_rank_count():
@@ -57,6 +65,11 @@ def test_pipeline_stages_need_layers_with_weights():
         check_run(_config(MLPConfig(n_layers=3), micro_batches=2), interleaved, 2)
     with pytest.raises(ValueError, match="chain of layers"):
         check_run(_config(DLRMConfig(), micro_batches=2), Layout(pp=2), 2)
+    # The model is said first: more micro-batches would not make the DLRM a chain.
+    with pytest.raises(ValueError, match="chain of layers"):
+        check_run(_config(DLRMConfig()), Layout(pp=4), 4)
+    with pytest.raises(ValueError, match="cannot fill 4 stages"):
+        check_run(_config(MLPConfig(n_layers=3)), Layout(pp=4), 4)
 
 
 def test_schedules_need_their_micro_batches():

@@ -9,6 +9,8 @@ the group it would be in with the one PyTorch's DeviceMesh (the run's own mesh, 
 
 from __future__ import annotations
 
+import operator
+
 from labkit.check.result import CheckResult, failed, passed
 from labkit.check.runner import at_two_sizes, describe_exception, run_checked
 from labkit.layout.layout import MESH_ORDER, Layout
@@ -43,13 +45,20 @@ def _on_rank(ctx, fn, layouts):
     return out
 
 
-def _judge_groups(layout: str, dim: str, groups, size: int) -> str | None:
-    """What is wrong with ``groups`` as a partition of the ranks, or None."""
+def _as_groups(groups) -> list[list[int]]:
+    """``groups`` as lists of ints (read once: a group may be an iterator). Raises TypeError
+    unless every member is a whole number (int, numpy or tensor integer; not 0.4, not "0")."""
+    return [[operator.index(r) for r in group] for group in groups]
+
+
+def _judge_groups(layout: str, dim: str, groups, size: int) -> str | list[list[int]]:
+    """What is wrong with ``groups`` as a partition of the ranks, or the groups as ints."""
     try:
-        members = [int(r) for group in groups for r in group]
+        groups = _as_groups(groups)
     except TypeError as exc:
         return (f"for {layout}, {WHERE} returned {groups!r} for {dim!r}: return a list of "
-                f"groups, each a list of ranks ({describe_exception(exc)})")
+                f"groups, each a list of ranks (whole numbers) ({describe_exception(exc)})")
+    members = [r for group in groups for r in group]
     missing = sorted(set(range(size)) - set(members))
     twice = sorted({r for r in members if members.count(r) > 1})
     if missing or twice:
@@ -57,16 +66,16 @@ def _judge_groups(layout: str, dim: str, groups, size: int) -> str | None:
                 f"put rank(s) {twice} in more than one group")
         return (f"for {layout}, your {dim} groups {groups} {what}: every rank is in exactly "
                 f"one {dim} group")
-    return None
+    return groups
 
 
 def _judge(values, world_size: int) -> CheckResult:
     for rank, rows in enumerate(values):
         for layout, dim, mine, real in rows:
-            problem = _judge_groups(layout, dim, mine, world_size)
-            if problem:
-                return failed(EXERCISE, problem, [HINT])
-            yours = next(sorted(int(r) for r in g) for g in mine if rank in [int(r) for r in g])
+            mine = _judge_groups(layout, dim, mine, world_size)
+            if isinstance(mine, str):
+                return failed(EXERCISE, mine, [HINT])
+            yours = next(sorted(g) for g in mine if rank in g)
             if yours != real:
                 return failed(EXERCISE, f"for {layout}, rank {rank}'s {dim} group on the real "
                               f"DeviceMesh is {real}, yours is {yours}", [HINT],

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 MESH_ORDER = ("pp", "dp", "fsdp", "tp")
@@ -70,9 +71,10 @@ class Layout:
     def __post_init__(self):
         for dim in MESH_ORDER:
             value = getattr(self, dim)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"Layout({dim}={value!r}): a degree is a whole number of ranks, "
                                  "at least 1")
+            object.__setattr__(self, dim, int(value))  # numpy's integers become plain ints
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("dp_kind", self.dp_kind, DP_KINDS)
         _check_choice("tables", self.tables, TABLES)

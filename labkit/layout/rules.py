@@ -19,9 +19,9 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
     plan = plan_for(config.model)
     _check_levers(config, layout, plan)
     plan.check_tp(config.model, layout.tp)
-    if layout.pipelined:
-        _check_pipeline(config, layout)
+    if layout.pipelined:  # the model first: no micro-batch count makes it a chain
         plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
+        _check_pipeline(config, layout)
         if device == "cuda" and backend != "nccl":
             raise ValueError("a pipeline on GPUs that ranks share talks over gloo, and gloo "
                              "cannot send GPU tensors point to point: give each rank its own "

@@ -26,16 +26,24 @@ from labkit.optim import weight_dtype
 from labkit.pipeline_parallel.stages import split_stages
 
 
-def stage_inputs(config, num_stages: int, micro: int) -> list[tuple]:
+def stage_inputs(config, num_stages: int, micro: int, tp: int = 1) -> list[tuple]:
     """(shape, dtype) of what enters each stage, and of the last stage's output, for a
-    micro-batch of ``micro`` samples (traced on the meta device)."""
+    micro-batch of ``micro`` samples (traced on the meta device). A stage whose first layer
+    tensor parallelism feeds a shard (row-wise, after a column-wise layer in the stage
+    before) receives this tp rank's 1/tp of the last dimension."""
     with on_host(), torch.no_grad():
         model = build_model(config.model, "meta", config.seed, weight_dtype(config.precision))
-        stages = split_stages(plan_for(config.model).layers(model), num_stages)
+        plan = plan_for(config.model)
+        styles = plan.tp_styles(model) if tp > 1 else {}
+        stages = split_stages(plan.layers(model), num_stages)
         x = example_batch(config.model, micro, "meta")[0]
         out = []
         for stage in stages:
-            out.append((x.shape, x.dtype))
+            shape = x.shape
+            layouts = getattr(styles.get(stage[0][0]), "input_layouts", None) or ()
+            if layouts and layouts[0].is_shard():
+                shape = (*shape[:-1], shape[-1] // tp)
+            out.append((torch.Size(shape), x.dtype))
             for _, layer in stage:
                 x = layer(x)
         return [*out, (x.shape, x.dtype)]
@@ -80,7 +88,8 @@ class PipelineTrace:
                               for s in ids}
         self.persistent = layout.pipeline_schedule != "naive"
         self.shapes = stage_inputs(config, self.num_stages,
-                                   config.global_batch // layout.data_size // self.micro_batches)
+                                   config.global_batch // layout.data_size // self.micro_batches,
+                                   layout.tp)
         self._buffers: dict[tuple, torch.Tensor] = {}
         self._outputs: list[torch.Tensor] = []
 
@@ -101,9 +110,8 @@ class PipelineTrace:
         out, _, loss = cached
         if stage == self.num_stages - 1:
             loss.backward()
-        else:
-            shape, dtype = self.shapes[stage + 1]
-            out.backward(self._buffer(("grad", stage, mb), shape, dtype, device))
+        else:  # the gradient of this rank's own output (a tp shard where one crosses)
+            out.backward(self._buffer(("grad", stage, mb), out.shape, out.dtype, device))
 
     def step(self, batch, optimizer, sync_gradients=None) -> None:
         inputs, targets = batch

@@ -41,8 +41,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     trace the peak per rank beside the measurement (``labkit.estimate_memory``).
     """
     config = checked(cluster, config, **fields)
-    saved = cluster.memory_per_device
-    if memory_per_device is not _UNSET:
+    saved, override = cluster.memory_per_device, memory_per_device is not _UNSET
+    if override:
         cluster.memory_per_device = memory_per_device
     note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
     try:
@@ -51,8 +51,9 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         if note:
             oom.explain(note)
         raise
-    finally:
-        cluster.memory_per_device = saved
+    finally:  # only a cap this call changed: another thread's run may have set one since
+        if override:
+            cluster.memory_per_device = saved
     est = estimate_memory(config, cluster.world_size).to_dict() if estimate else None
     report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                          ranks.oversubscribed, list(ranks), est)

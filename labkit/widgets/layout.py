@@ -43,8 +43,13 @@ class LayoutExplorer:
         self._reference = reference
 
     def config_for(self, layout: Layout) -> TrainConfig:
-        # a pipeline needs micro-batches (1F1B: at least one per stage); two per stage here
-        micro = 2 * layout.pp if layout.pp > 1 else self.config.micro_batches
+        # a pipeline needs micro-batches (1F1B: at least one per stage): two per stage where
+        # they split a data rank's samples, else the fewest (>= pp) that do
+        micro = self.config.micro_batches
+        if layout.pp > 1:
+            samples = self.config.global_batch // layout.data_size
+            fits = [m for m in range(layout.pp, samples + 1) if samples % m == 0]
+            micro = 2 * layout.pp if 2 * layout.pp in fits or not fits else fits[0]
         return self.config.replace(layout=layout, micro_batches=micro)
 
     def reference(self):
