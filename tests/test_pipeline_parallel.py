@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import pytest
 
@@ -86,13 +85,15 @@ def test_four_stages_and_their_timeline(one):
 
 
 def test_bubble_follows_the_formula_and_shrinks_with_micro_batches(two):
-    # The median over steps: on a shared 2-core machine one step can be stretched by another
-    # process (a CI run once measured 0.45 for GPipe's 0.2 on a single step).
+    # The least disturbed of the steps after the first: on a shared 2-core machine another
+    # process stretches a stage's work at random and the other stage waits, which only adds
+    # idle time (one CI run measured 0.45 for GPipe's 0.2 on one step, another 0.41 as the
+    # median of four under load 11), so the smallest bubble is the schedule's own.
     config = dataclasses.replace(HEAVY, steps=5)
     measured = {}
     for schedule, m in [("naive_pipeline", 1), ("gpipe", 4)]:
         report = labkit.train(two, config, strategy=schedule, micro_batches=m)
-        measured[m] = statistics.median(
+        measured[m] = min(
             bubble_fraction([r["records"][step]["timeline"] for r in report.ranks])
             for step in range(1, config.steps))
     assert abs(measured[1] - theoretical_bubble(2, 1)) < 0.1
