@@ -140,3 +140,18 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
         labkit.Layout(fsdp=2, tp=2), 32, 3, 0.01, "sgd")
     assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
         "mixed", 2, True)
+    with pytest.raises(ValueError, match="gives dp twice"):
+        _config(parser.parse_args(["--layout", "dp=2,dp=3"]))
+
+
+def test_a_run_survives_its_estimate_failing(one, monkeypatch):
+    """The estimate is traced after the run: if the tracer fails, the run's results stand."""
+    def broken(config, world_size):
+        raise RuntimeError("tracer broke")
+
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("labkit.train.api"), "estimate_memory", broken)
+    with pytest.warns(RuntimeWarning, match="estimate failed .*tracer broke"):
+        report = labkit.train(one, model="mlp", global_batch=8, steps=2)
+    assert len(report.losses) == 2 and report.estimate is None

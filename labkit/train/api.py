@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_run
 from labkit.memory.estimate import estimate_memory
@@ -54,8 +56,18 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     finally:  # only a cap this call changed: another thread's run may have set one since
         if override:
             cluster.memory_per_device = saved
-    est = estimate_memory(config, cluster.world_size).to_dict() if estimate else None
+    est = _estimate(config, cluster.world_size) if estimate else None
     report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                          ranks.oversubscribed, list(ranks), est)
     report.extra["shared_gpus"] = ranks.shared_gpus  # several ranks on one GPU: say so
     return report
+
+
+def _estimate(config: TrainConfig, world_size: int) -> dict | None:
+    """The traced estimate, or None with a warning: a run that worked is never lost to it."""
+    try:
+        return estimate_memory(config, world_size).to_dict()
+    except Exception as exc:  # noqa: BLE001 - any tracer failure; the run's results stand
+        warnings.warn(f"the run finished but its memory estimate failed ({type(exc).__name__}: "
+                      f"{exc}); the report has no estimate", RuntimeWarning, stacklevel=3)
+        return None

@@ -56,8 +56,10 @@ def parse_layout(text: str) -> Layout:
     """``"dp=2,tp=2,schedule=gpipe"`` -> ``Layout(dp=2, tp=2, schedule="gpipe")``."""
     fields = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, value = item.partition("=")
-        fields[name.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name in fields:
+            raise ValueError(f"layout {text!r} gives {name} twice: give each dimension once")
+        fields[name] = int(value) if value.isdigit() else value
     try:
         return Layout(**fields)
     except TypeError as exc:
