@@ -9,8 +9,13 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit.context_parallel import block_forward, merge, positions, shard_sequence
-from labkit.context_parallel import unshard_sequence
+from labkit.context_parallel import (
+    block_forward,
+    merge,
+    positions,
+    shard_sequence,
+    unshard_sequence,
+)
 
 
 def _against_sdpa(ctx, causal: bool, seq_len: int = 16):

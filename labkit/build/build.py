@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from labkit.build.context import ParallelContext
 from labkit.build.materialize import materialize
+from labkit.context_parallel.apply import average_over_cp
 from labkit.data_parallel.ddp import bucket_bytes, wrap_ddp
 from labkit.data_parallel.naive import average_gradients, broadcast_parameters
 from labkit.embedding_parallel.tables import shard_tables, sync_table_gradients, table_plan
@@ -156,6 +157,8 @@ def build(ctx: ParallelContext, config) -> Built:
             model = shard_tables(model, placement, ctx.submesh("fsdp"), layout.tables)
         if layout.tp > 1:
             parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
+        if layout.cp > 1:  # ring attention over cp; weights untouched (replicated over cp)
+            plan.apply_cp(model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp)
         if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
             for unit in plan.checkpoint_units(model):
                 checkpoint(unit)  # composable: hooks only, the weights keep their names
@@ -163,6 +166,9 @@ def build(ctx: ParallelContext, config) -> Built:
         parts = _shard(parts, plan, ctx, config.precision)
     materialize(parts, names, config, layout.tp, ctx.device)
     modules, engine = _replicate(parts, ctx, config)
+    if layout.cp > 1:  # after the data-parallel engine's own sync: the mean over cp
+        engine["sync_gradients"] = average_over_cp(parts, ctx.group("cp"),
+                                                   engine.get("sync_gradients"))
     optimizer = _optimizer(parts, ctx, config)
     pipeline = None
     if layout.pipelined:

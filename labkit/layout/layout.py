@@ -12,6 +12,8 @@ The four dimensions (Megatron-LM and torchtitan use the same ones):
 * ``fsdp``: sharded data parallelism; ranks train on their own slices of the batch but keep
   only a shard of the model state (FSDP2; for the DLRM, ``tables`` may place embedding tables
   over this dimension instead).
+* ``cp``: context parallelism; ranks hold slices of each sequence (the same samples, other
+  tokens) and pass attention's keys and values round a ring (``labkit/context_parallel``).
 * ``tp``: tensor parallelism; ranks split each layer's matrices and see the same samples.
 
 The product of the degrees is the number of ranks. Ranks are numbered along
@@ -32,7 +34,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-MESH_ORDER = ("pp", "dp", "fsdp", "tp")
+MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b")
 DP_KINDS = ("ddp", "naive", "zero1", "fsdp")
 TABLES = ("table_wise", "row_wise", "row_wise_dtensor")
@@ -58,6 +60,9 @@ class Layout:
             (whole tables, by a planner), "row_wise" (rows split), "row_wise_dtensor"
             (DTensor's RowwiseParallel). The dense part is data parallel over dp x fsdp and
             the tables are replicated over dp. None: the tables are sharded like the rest.
+        cp: context parallelism's degree: each sequence cut into 2 x cp chunks, rank i of a
+            cp group holding chunks i and 2cp-1-i; attention by ring attention, gradients
+            averaged over cp (last field, so the positional order of the others is kept).
     """
 
     dp: int = 1
@@ -67,6 +72,7 @@ class Layout:
     schedule: str | None = None
     dp_kind: str | None = None
     tables: str | None = None
+    cp: int = 1
 
     def __post_init__(self):
         for dim in MESH_ORDER:

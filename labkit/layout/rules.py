@@ -19,6 +19,12 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
     plan = plan_for(config.model)
     _check_levers(config, layout, plan)
     plan.check_tp(config.model, layout.tp)
+    if layout.cp > 1:
+        _check_cp(config, layout, plan)
+        if device == "cuda" and backend != "nccl":
+            raise ValueError("ring attention sends key/value blocks point to point, which gloo "
+                             "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "
+                             "give each rank its own GPU, or use device='cpu'")
     if layout.pipelined:  # the model first: no micro-batch count makes it a chain
         plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
         _check_pipeline(config, layout)
@@ -28,6 +34,22 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
                              "GPU (as many ranks as GPUs), or use device='cpu'")
     if layout.tables is not None:
         plan.check_tables(config.model, layout.tables, layout.fsdp)
+
+
+def _check_cp(config, layout: Layout, plan) -> None:
+    """Context parallelism: a model with attention, sequences that cut into 2 x cp chunks,
+    and the dimensions it has been built and tested with (dp, fsdp)."""
+    plan.check_cp(config.model, layout.cp)
+    if layout.tp > 1 or layout.pipelined:
+        raise ValueError(f"cp={layout.cp} composes with dp and fsdp here, not with tp or pp: "
+                         "use Layout(dp=..., fsdp=..., cp=...)")
+    if config.precision != "fp32":
+        raise ValueError(f"ring attention runs in fp32 here (its online softmax keeps fp32 "
+                         f"log-sum-exps): use precision='fp32' with cp, not "
+                         f"{config.precision!r}")
+    if config.activation_checkpointing:
+        raise ValueError("activation checkpointing would run the ring again in backward; it is "
+                         "not built with cp here: use activation_checkpointing=False")
 
 
 def _check_levers(config, layout: Layout, plan) -> None:

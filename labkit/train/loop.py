@@ -17,6 +17,7 @@ import gc
 from labkit.build import ParallelContext, build, full_weights, parallel_context
 from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter, union_seconds
+from labkit.context_parallel.apply import shard_batch
 from labkit.embedding_parallel.observe import TableObserver
 from labkit.layout.presets import layout_for
 from labkit.memory.capacity import on_host
@@ -71,6 +72,7 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     with on_host():  # making data is the host's job; the device holds its own copy
         batch = make_batch(config.model, step, config.global_batch, config.seed)
         batch = local_slice(batch, run.data_rank, run.layout.data_size)
+        batch = shard_batch(batch, run.coordinate("cp"), run.layout.cp)  # cp: its tokens
     batch = to_device(batch, run.device, copy=True)
 
     def sync_gradients() -> None:
