@@ -25,6 +25,8 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
             raise ValueError("ring attention sends key/value blocks point to point, which gloo "
                              "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "
                              "give each rank its own GPU, or use device='cpu'")
+    if layout.ep > 1 or plan.family == "moe_gpt":
+        _check_experts(config, layout, plan)
     if layout.pipelined:  # the model first: no micro-batch count makes it a chain
         plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
         _check_pipeline(config, layout)
@@ -50,6 +52,21 @@ def _check_cp(config, layout: Layout, plan) -> None:
     if config.activation_checkpointing:
         raise ValueError("activation checkpointing would run the ring again in backward; it is "
                          "not built with cp here: use activation_checkpointing=False")
+
+
+def _check_experts(config, layout: Layout, plan) -> None:
+    """Expert parallelism: a mixture of experts whose experts split over the dp ranks, and
+    no other split of it (it is built with data parallelism only); one micro-step per step
+    (the load-balancing loss is not scaled by micro-steps)."""
+    if plan.family != "moe_gpt":
+        raise ValueError(f"ep={layout.ep} spreads a mixture of experts' experts; "
+                         f"{plan.family!r} has none: choose model=labkit.models.MoEGPTConfig()")
+    plan.check_ep(config.model, layout.ep)
+    if layout.fsdp > 1 or layout.cp > 1:
+        raise ValueError("the MoE GPT is built with dp (and ep) only here: use fsdp=1, cp=1")
+    if config.micro_batches * config.grad_accumulation > 1:
+        raise ValueError("the MoE GPT runs one micro-step per step here: use micro_batches=1 "
+                         "and grad_accumulation=1")
 
 
 def _check_levers(config, layout: Layout, plan) -> None:

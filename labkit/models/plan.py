@@ -41,6 +41,10 @@ class ParallelPlan:
             raise ValueError(f"context parallelism splits the sequences that attention reads; "
                              f"{self.family!r} has no attention: choose model='gpt' or cp=1")
 
+    def check_ep(self, config, degree: int) -> None:
+        raise ValueError(f"expert parallelism spreads a mixture of experts; {self.family!r} "
+                         "has none: choose model=labkit.models.MoEGPTConfig()")
+
     def check_tables(self, config, tables: str, group_size: int) -> None:
         raise ValueError(f"'{tables}' shards the embedding tables of the zoo's 'dlrm', not "
                          f"{self.family!r}")
