@@ -59,9 +59,11 @@ def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t.chunk(2, dim=-2)  # the two chunks of the local sequence (dim -2)
 
 
-def ring_forward(q, k, v, group, causal: bool, schedule: list | None = None):
+def ring_forward(q, k, v, group, causal: bool, schedule: list | None = None,
+                 merge_fn=merge):
     """Local (out, lse) of the whole sequence's attention; q, k, v (batch, heads, L, d)
-    with L = 2 chunks. ``schedule``, if given, collects (step, source rank, pairs)."""
+    with L = 2 chunks. ``schedule``, if given, collects (step, source rank, pairs);
+    ``merge_fn`` is the online softmax's merge (notebook 08's exercise replaces it)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
@@ -75,7 +77,7 @@ def ring_forward(q, k, v, group, causal: bool, schedule: list | None = None):
         pairs = list(_pairs(rank, source, size, causal))
         for qi, ki, kind in pairs:
             block = block_forward(qs[qi], ks[ki], vs[ki], kind)
-            outs[qi], lses[qi] = merge(outs[qi], lses[qi], *block)
+            outs[qi], lses[qi] = merge_fn(outs[qi], lses[qi], *block)
         if schedule is not None:
             schedule.append((step, source, [(qi, ki, kind) for qi, ki, kind in pairs]))
         if step < size - 1:
