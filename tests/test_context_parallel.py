@@ -64,6 +64,21 @@ def test_merge_of_two_key_blocks_is_attention_over_both():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
 
 
+@pytest.mark.parametrize("kind", ["full", "diagonal"])
+def test_query_tiles_change_nothing(kind):
+    from labkit.context_parallel import block_backward
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, grad = (torch.randn(1, 2, 10, 4, generator=gen, dtype=torch.float64)
+                     for _ in range(4))
+    whole_out, whole_lse = block_forward(q, k, v, kind, tile=10)
+    out, lse = block_forward(q, k, v, kind, tile=3)
+    torch.testing.assert_close((out, lse), (whole_out, whole_lse))
+    delta = (grad * out).sum(-1)
+    torch.testing.assert_close(block_backward(q, k, v, kind, lse, grad, delta, tile=3),
+                               block_backward(q, k, v, kind, lse, grad, delta, tile=10))
+
+
 def test_load_balanced_shards_cover_the_sequence_once():
     assert positions(0, 2, 8).tolist() == [0, 1, 6, 7]
     assert positions(1, 2, 8).tolist() == [2, 3, 4, 5]

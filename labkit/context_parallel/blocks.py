@@ -18,6 +18,10 @@ import torch
 # in the whole sequence: keys before the queries in full, the diagonal chunk with a causal
 # mask inside it, keys after the queries not at all.
 FULL, DIAGONAL, SKIP = "full", "diagonal", "skip"
+# Queries per tile: a block's scores are computed for this many queries at a time, so the
+# largest temporary is (batch, heads, QUERY_TILE, k_len), not (batch, heads, q_len, k_len)
+# (FlashAttention tiles the same way, in fast memory; here it bounds a rank's peak).
+QUERY_TILE = 128
 
 
 def pair_kind(q_chunk: int, k_chunk: int, causal: bool) -> str:
@@ -26,21 +30,30 @@ def pair_kind(q_chunk: int, k_chunk: int, causal: bool) -> str:
     return DIAGONAL if k_chunk == q_chunk else SKIP
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, kind: str) -> torch.Tensor:
-    """(batch, heads, q_len, k_len) scaled scores, -inf above the diagonal of a diagonal
-    block (q_len == k_len there)."""
+def _scores(q: torch.Tensor, k: torch.Tensor, kind: str, row0: int = 0) -> torch.Tensor:
+    """(batch, heads, q_len, k_len) scaled scores; in a diagonal block, -inf where a key
+    comes after the query (``q`` holds the block's queries from row ``row0`` on)."""
     scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))
     if kind == DIAGONAL:
-        above = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        above = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1 + row0)
         scores = scores.masked_fill(above, float("-inf"))
     return scores
 
 
-def block_forward(q, k, v, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's (out (batch, heads, q_len, d_head), lse (batch, heads, q_len))."""
-    scores = _scores(q, k, kind)
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.softmax(scores, dim=-1) @ v, lse
+def _tiles(q_len: int, tile: int):
+    return [(start, min(start + tile, q_len)) for start in range(0, q_len, tile)]
+
+
+def block_forward(q, k, v, kind: str, tile: int = QUERY_TILE):
+    """The block's (out (batch, heads, q_len, d_head), lse (batch, heads, q_len)),
+    ``tile`` queries at a time."""
+    outs, lses = [], []
+    for start, end in _tiles(q.shape[-2], tile):
+        scores = _scores(q[..., start:end, :], k, kind, start)
+        lses.append(torch.logsumexp(scores, dim=-1))
+        outs.append(torch.softmax(scores, dim=-1) @ v)
+        del scores
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
 
 def merge(out, lse, block_out, block_lse) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,15 +68,23 @@ def merge(out, lse, block_out, block_lse) -> tuple[torch.Tensor, torch.Tensor]:
     return out, new_lse
 
 
-def block_backward(q, k, v, kind: str, lse, grad_out, delta):
+def block_backward(q, k, v, kind: str, lse, grad_out, delta, tile: int = QUERY_TILE):
     """Gradients of one block given the *whole* attention's ``lse`` and ``delta`` =
-    rowsum(grad_out * out) (batch, heads, q_len): (dq, dk, dv) of this block's share.
+    rowsum(grad_out * out) (batch, heads, q_len): (dq, dk, dv) of this block's share,
+    ``tile`` queries at a time.
 
     With P = exp(scores - lse) the block's part of the final softmax, dV = P^T dO,
     dS = P * (dO V^T - delta), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
-    p = torch.exp(_scores(q, k, kind) - lse.unsqueeze(-1))  # (batch, heads, q_len, k_len)
-    dv = p.transpose(-2, -1) @ grad_out
-    ds = p * (grad_out @ v.transpose(-2, -1) - delta.unsqueeze(-1))
-    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, dv
+    dqs, dk, dv = [], torch.zeros_like(k), torch.zeros_like(v)
+    for start, end in _tiles(q.shape[-2], tile):
+        rows = slice(start, end)
+        p = torch.exp(_scores(q[..., rows, :], k, kind, start) - lse[..., rows].unsqueeze(-1))
+        dv += p.transpose(-2, -1) @ grad_out[..., rows, :]  # p: (batch, heads, tile, k_len)
+        ds = p * (grad_out[..., rows, :] @ v.transpose(-2, -1) - delta[..., rows].unsqueeze(-1))
+        del p
+        dqs.append(ds @ k * scale)
+        dk += ds.transpose(-2, -1) @ q[..., rows, :] * scale
+        del ds
+    return torch.cat(dqs, dim=-2), dk, dv
