@@ -13,7 +13,7 @@ def plot_ring_schedule(schedule: list[list[dict]]) -> Figure:
     """One panel per step: each rank's query chunks (rows) against the key/value chunks it
     holds then (columns), blocks computed filled (diagonal ones half), skipped ones blank."""
     ranks, steps = len(schedule), len(schedule[0])
-    fig = Figure(figsize=(2.3 * steps + 0.5, 1.1 * ranks + 1.2), layout="constrained")
+    fig = Figure(figsize=(max(6.5, 2.3 * steps + 0.5), 1.3 * ranks + 1.2), layout="constrained")
     axes = np.atleast_2d(fig.subplots(ranks, steps, squeeze=False))
     for rank, rows in enumerate(schedule):
         for entry in rows:
@@ -27,9 +27,9 @@ def plot_ring_schedule(schedule: list[list[dict]]) -> Figure:
             ax.set_yticks([0, 1], [f"q{c}" for c in mine])
             ax.set_title(f"rank {rank}, step {entry['step']}: holds rank {entry['holds']}'s",
                          fontsize=8)
-    fig.suptitle("ring attention, causal: chunks of the sequence (q: queries here, k: the "
-                 "key/value block held); dark = whole block, light = diagonal block, white = "
-                 "skipped (keys after the queries)", fontsize=9)
+    fig.suptitle("ring attention, causal (measured): q = the rank's query chunks, k = the "
+                 "key/value chunks it holds\ndark: whole block; light: diagonal block, masked "
+                 "inside; white: skipped (keys after the queries)", fontsize=9)
     return fig
 
 
