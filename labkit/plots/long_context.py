@@ -48,6 +48,7 @@ def plot_expert_load(load: list[list[list[int]]], layer: int = 0, capacity: int 
     ax.set_xlabel("training step")
     ax.set_ylabel("expert")
     ax.set_yticks(range(matrix.shape[0]))
+    ax.set_xticks(range(matrix.shape[1]))
     fig.colorbar(image, ax=ax, label="tokens taken" + (" (max = capacity)" if capacity else ""))
     ax.set_title(title or f"router's choices, MoE layer {layer} (measured)")
     return fig
