@@ -75,7 +75,8 @@ class SequenceExplorer:
         slider = widgets.SelectionSlider(options=self.seq_options,
                                          value=seq or self.seq_options[0],
                                          description="sequence length",
-                                         continuous_update=False, layout={"width": "450px"})
+                                         continuous_update=False, layout={"width": "450px"},
+                                         style={"description_width": "initial"})
         box = slider_panel([slider], self.figure, lambda s: f"training {s} tokens",
                            self.message, background)
         box.slider = slider
