@@ -74,3 +74,28 @@ def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
            "optimizer": k_bytes * n_params / (n if zero_stage >= 1 else 1)}
     out["total"] = sum(out.values())
     return out
+
+
+def moe_all_to_all_bytes(n_layers: int, n_experts: int, batch_per_rank: int, capacity: int,
+                         d_model: int, bytes_per_element: int = 4) -> int:
+    """Tensor bytes of expert parallelism's all-to-alls in one training step, per rank.
+
+    Each MoE layer exchanges its expert buffer (n_experts, batch_per_rank x capacity,
+    d_model) four times: dispatch and combine forward, and the same two backward (the
+    gradient of an all-to-all is an all-to-all). A rank sends (N-1)/N of it
+    (``ring_share("all_to_all", N)``): the block for its own experts stays.
+    """
+    return 4 * n_layers * n_experts * batch_per_rank * capacity * d_model * bytes_per_element
+
+
+def ring_attention_send_bytes(n_layers: int, batch: int, seq_per_rank: int, d_model: int,
+                              cp: int, bytes_per_element: int = 4) -> int:
+    """Bytes one rank sends in one training step of ring attention over ``cp`` ranks.
+
+    Forward passes its keys and values (2 x batch x seq_per_rank x d_model) on cp - 1 times;
+    backward passes keys, values and their gradients (4 x that) cp - 1 times, then the
+    gradients (2 x) home once more."""
+    block = batch * seq_per_rank * d_model * bytes_per_element
+    if cp == 1:
+        return 0
+    return n_layers * (2 * block * (cp - 1) + 4 * block * (cp - 1) + 2 * block)

@@ -165,6 +165,26 @@ def check_07(results: dict) -> None:
     assert results["check"]["status"] == "passed"
 
 
+def check_08(results: dict) -> None:
+    peaks, capacity = results["peaks"], results["capacity"]
+    longest = results["seq_options"][-1]
+    assert peaks[str(longest)]["one device"] is None, "the longest sequence must OOM one device"
+    assert peaks[str(longest)]["cp=2"] is not None, "... and train with cp=2 under the same cap"
+    assert all(p <= capacity for row in peaks.values() for p in row.values() if p is not None)
+    assert 0.3 < results["peak_ratio"] < 1.0
+    assert results["loss_gap"] < 1e-4  # ring attention is exact
+    blocks = [sum(len(step["pairs"]) for step in rank) for rank in results["schedule"]]
+    assert len(set(blocks)) == 1, blocks  # balanced: the same work on every rank
+    assert results["check"]["status"] == "passed"
+    slots = results["moe_capacity"] * results["global_batch"]
+    assert all(0 < max(layer) <= slots for step in results["expert_load"] for layer in step)
+    dense, moe = results["comparison"]["dense"], results["comparison"]["moe"]
+    assert moe["params"] > dense["params"]
+    assert results["all_to_all"]["calls"] > 0 and results["all_to_all"]["bytes"] > 0
+    dropped = list(results["dropped"].values())
+    assert dropped == sorted(dropped, reverse=True) and dropped[0] > 0
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -192,4 +212,7 @@ NOTEBOOKS = {
     "07_putting_it_together": ({"world_size": 4, "d_hidden": 512, "n_layers": 4,
                                 "global_batch": 64, "memory_per_device": "8MiB", "steps": 3,
                                 "interactive": False}, check_07),
+    "08_long_sequences_and_experts": ({"seq_options": [256, 512], "memory_per_device": "4MiB",
+                                       "capacity_factors": [0.5, 2.0], "moe_steps": 3,
+                                       "interactive": False}, check_08),
 }

@@ -138,7 +138,7 @@ def test_ranks_are_numbered_pp_outermost_and_tp_innermost():
     assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert layout.groups("fsdp") == [[r] for r in range(8)]
-    assert layout.coordinates(6) == {"pp": 1, "dp": 1, "fsdp": 0, "tp": 0}
+    assert layout.coordinates(6) == {"pp": 1, "dp": 1, "fsdp": 0, "cp": 0, "tp": 0}
     assert all(layout.rank_at(**layout.coordinates(r)) == r for r in range(8))
     assert str(layout) == "pp2 x dp2 x tp2 (1f1b)"
 
@@ -153,3 +153,12 @@ def test_train_config_takes_a_layout_or_a_strategy_name():
         labkit.TrainConfig(strategy="ddp", layout=Layout(dp=2))
     with pytest.raises(ValueError, match="unknown strategy"):
         labkit.TrainConfig(strategy="magic")
+
+
+def test_cp_sits_between_fsdp_and_tp():
+    layout = Layout(dp=2, cp=2, tp=2)
+    assert layout.groups("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert str(layout) == "dp2 x cp2 x tp2" and layout.data_size == 2
+    with pytest.raises(ValueError, match="cp=0"):
+        Layout(cp=0)

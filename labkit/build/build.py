@@ -31,9 +31,11 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from labkit.build.context import ParallelContext
 from labkit.build.materialize import materialize
+from labkit.context_parallel.apply import average_over_cp
 from labkit.data_parallel.ddp import bucket_bytes, wrap_ddp
 from labkit.data_parallel.naive import average_gradients, broadcast_parameters
 from labkit.embedding_parallel.tables import shard_tables, sync_table_gradients, table_plan
+from labkit.expert_parallel.apply import expert_gradient_sync, shard_experts
 from labkit.memory.capacity import on_host
 from labkit.models import build_model, loss_fn, plan_for
 from labkit.optim import make_optimizer, weight_dtype
@@ -156,13 +158,23 @@ def build(ctx: ParallelContext, config) -> Built:
             model = shard_tables(model, placement, ctx.submesh("fsdp"), layout.tables)
         if layout.tp > 1:
             parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
+        if layout.ep > 1:  # this rank's experts only (DTensors over dp), all-to-all over dp
+            shard_experts(model, ctx.submesh("dp"), ctx.group("dp"))
+        if layout.cp > 1:  # ring attention over cp; weights untouched (replicated over cp)
+            plan.apply_cp(model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp)
         if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
             for unit in plan.checkpoint_units(model):
                 checkpoint(unit)  # composable: hooks only, the weights keep their names
         parts, names, ids = _split(model, plan, ctx)
         parts = _shard(parts, plan, ctx, config.precision)
     materialize(parts, names, config, layout.tp, ctx.device)
-    modules, engine = _replicate(parts, ctx, config)
+    if layout.ep > 1:  # replicas averaged by hand, experts not (DDP would average all)
+        modules, engine = parts, {"sync_gradients": expert_gradient_sync(parts, ctx.group("dp"))}
+    else:
+        modules, engine = _replicate(parts, ctx, config)
+    if layout.cp > 1:  # after the data-parallel engine's own sync: the mean over cp
+        engine["sync_gradients"] = average_over_cp(parts, ctx.group("cp"),
+                                                   engine.get("sync_gradients"))
     optimizer = _optimizer(parts, ctx, config)
     pipeline = None
     if layout.pipelined:

@@ -28,7 +28,7 @@ class ParallelContext:
     device: torch.device
     memory: Any  # a MemoryTracker
     layout: Layout
-    mesh: Any  # a DeviceMesh with dimensions ("pp", "dp", "fsdp", "tp")
+    mesh: Any  # a DeviceMesh with dimensions ("pp", "dp", "fsdp", "cp", "tp")
     clock: Any  # comm.clock.HostClock or DeviceClock
     progress: Any = None  # progress(done, total, label), or None
     labels: GroupLabels = field(init=False)

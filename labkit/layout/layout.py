@@ -12,6 +12,8 @@ The four dimensions (Megatron-LM and torchtitan use the same ones):
 * ``fsdp``: sharded data parallelism; ranks train on their own slices of the batch but keep
   only a shard of the model state (FSDP2; for the DLRM, ``tables`` may place embedding tables
   over this dimension instead).
+* ``cp``: context parallelism; ranks hold slices of each sequence (the same samples, other
+  tokens) and pass attention's keys and values round a ring (``labkit/context_parallel``).
 * ``tp``: tensor parallelism; ranks split each layer's matrices and see the same samples.
 
 The product of the degrees is the number of ranks. Ranks are numbered along
@@ -32,7 +34,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-MESH_ORDER = ("pp", "dp", "fsdp", "tp")
+MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b")
 DP_KINDS = ("ddp", "naive", "zero1", "fsdp")
 TABLES = ("table_wise", "row_wise", "row_wise_dtensor")
@@ -58,6 +60,12 @@ class Layout:
             (whole tables, by a planner), "row_wise" (rows split), "row_wise_dtensor"
             (DTensor's RowwiseParallel). The dense part is data parallel over dp x fsdp and
             the tables are replicated over dp. None: the tables are sharded like the rest.
+        cp: context parallelism's degree: each sequence cut into 2 x cp chunks, rank i of a
+            cp group holding chunks i and 2cp-1-i; attention by ring attention, gradients
+            averaged over cp (last field, so the positional order of the others is kept).
+        ep: expert parallelism: a mixture of experts' experts cut over the dp ranks (ep
+            equals dp: not a dimension of its own, the dp ranks borrowed, as DeepSpeed-MoE
+            and torchtitan do); tokens reach their experts by all-to-all over dp.
     """
 
     dp: int = 1
@@ -67,9 +75,11 @@ class Layout:
     schedule: str | None = None
     dp_kind: str | None = None
     tables: str | None = None
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
-        for dim in MESH_ORDER:
+        for dim in (*MESH_ORDER, "ep"):
             value = getattr(self, dim)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"Layout({dim}={value!r}): a degree is a whole number of ranks, "
@@ -160,6 +170,7 @@ class Layout:
         parts = [f"{dim}{getattr(self, dim)}" for dim in MESH_ORDER if getattr(self, dim) > 1]
         text = " x ".join(parts) or "1 device"
         extras = [v for v in (self.pipeline_schedule, self.dp_kind, self.tables) if v]
+        extras += [f"experts over dp{self.ep}"] if self.ep > 1 else []
         return f"{text} ({', '.join(extras)})" if extras else text
 
 
@@ -182,6 +193,10 @@ def _check_engines(layout: Layout) -> None:
     if kind == "zero1" and (layout.tp > 1 or layout.pipelined):
         raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
                          "split replicas shard the optimizer state with fsdp= instead")
+    if layout.ep > 1 and (layout.ep != layout.dp or kind not in (None, "naive")):
+        raise ValueError(f"ep={layout.ep} must equal dp (here {layout.dp}): the experts are cut "
+                         f"over the dp ranks; write Layout(dp={layout.ep}, ep={layout.ep}), "
+                         "dp_kind left out")
     if layout.tables is not None:
         if kind is not None:
             raise ValueError(f"tables={layout.tables!r} averages the dense part by hand over "

@@ -1,7 +1,7 @@
 """The one DeviceMesh of a run, built from its layout, and the names of its groups.
 
-Every rank calls :func:`mesh_for` with the same layout; it returns a 4-D mesh named
-``("pp", "dp", "fsdp", "tp")`` (degree-1 dimensions included, so ``mesh["tp"]`` always
+Every rank calls :func:`mesh_for` with the same layout; it returns a 5-D mesh named
+``("pp", "dp", "fsdp", "cp", "tp")`` (degree-1 dimensions included, so ``mesh["tp"]`` always
 exists). Nothing else in labkit builds a mesh.
 
 A rank keeps one mesh per layout shape and reuses it in every run with that shape. Torch
@@ -76,7 +76,8 @@ def _active_dims(layout: Layout) -> list[str]:
     """Dimensions whose engine runs, in mesh order (a degree-1 engine still communicates)."""
     engine = layout.data_engine
     active = {"pp": layout.pipelined, "dp": engine in ("ddp", "naive", "zero1") or layout.dp > 1,
-              "fsdp": engine in ("fsdp", "tables") or layout.fsdp > 1, "tp": layout.tp > 1}
+              "fsdp": engine in ("fsdp", "tables") or layout.fsdp > 1, "tp": layout.tp > 1,
+              "cp": layout.cp > 1}
     return [dim for dim in MESH_ORDER if active[dim]]
 
 

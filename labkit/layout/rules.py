@@ -19,6 +19,14 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
     plan = plan_for(config.model)
     _check_levers(config, layout, plan)
     plan.check_tp(config.model, layout.tp)
+    if layout.cp > 1:
+        _check_cp(config, layout, plan)
+        if device == "cuda" and backend != "nccl":
+            raise ValueError("ring attention sends key/value blocks point to point, which gloo "
+                             "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "
+                             "give each rank its own GPU, or use device='cpu'")
+    if layout.ep > 1 or plan.family == "moe_gpt":
+        _check_experts(config, layout, plan)
     if layout.pipelined:  # the model first: no micro-batch count makes it a chain
         plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
         _check_pipeline(config, layout)
@@ -28,6 +36,37 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
                              "GPU (as many ranks as GPUs), or use device='cpu'")
     if layout.tables is not None:
         plan.check_tables(config.model, layout.tables, layout.fsdp)
+
+
+def _check_cp(config, layout: Layout, plan) -> None:
+    """Context parallelism: a model with attention, sequences that cut into 2 x cp chunks,
+    and the dimensions it has been built and tested with (dp, fsdp)."""
+    plan.check_cp(config.model, layout.cp)
+    if layout.tp > 1 or layout.pipelined:
+        raise ValueError(f"cp={layout.cp} composes with dp and fsdp here, not with tp or pp: "
+                         "use Layout(dp=..., fsdp=..., cp=...)")
+    if config.precision != "fp32":
+        raise ValueError(f"ring attention runs in fp32 here (its online softmax keeps fp32 "
+                         f"log-sum-exps): use precision='fp32' with cp, not "
+                         f"{config.precision!r}")
+    if config.activation_checkpointing:
+        raise ValueError("activation checkpointing would run the ring again in backward; it is "
+                         "not built with cp here: use activation_checkpointing=False")
+
+
+def _check_experts(config, layout: Layout, plan) -> None:
+    """Expert parallelism: a mixture of experts whose experts split over the dp ranks, and
+    no other split of it (it is built with data parallelism only); one micro-step per step
+    (the load-balancing loss is not scaled by micro-steps)."""
+    if plan.family != "moe_gpt":
+        raise ValueError(f"ep={layout.ep} spreads a mixture of experts' experts; "
+                         f"{plan.family!r} has none: choose model=labkit.models.MoEGPTConfig()")
+    plan.check_ep(config.model, layout.ep)
+    if layout.fsdp > 1 or layout.cp > 1:
+        raise ValueError("the MoE GPT is built with dp (and ep) only here: use fsdp=1, cp=1")
+    if config.micro_batches * config.grad_accumulation > 1:
+        raise ValueError("the MoE GPT runs one micro-step per step here: use micro_batches=1 "
+                         "and grad_accumulation=1")
 
 
 def _check_levers(config, layout: Layout, plan) -> None:

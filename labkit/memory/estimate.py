@@ -33,6 +33,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from labkit.build import ParallelContext, build
 from labkit.comm.clock import HostClock
+from labkit.context_parallel.apply import shard_batch
 from labkit.costs import model_state_bytes
 from labkit.layout.mesh import build_mesh, forget_meshes
 from labkit.layout.presets import layout_for
@@ -128,6 +129,7 @@ def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
         if step == steps - 2:
             tracker.reset_peak()
         batch = example_batch(config.model, batch_size)
+        batch = shard_batch(batch, run.coordinate("cp"), layout.cp)
         if pipeline is not None:
             pipeline.step(batch, built.optimizer, built.sync_gradients)
         else:

@@ -4,6 +4,7 @@ typed config, each with deterministic synthetic data from a hidden teacher (noth
 from labkit.models.dlrm import DLRM, DLRMConfig
 from labkit.models.gpt import GPT, GPTConfig
 from labkit.models.mlp import MLP, MLPConfig
+from labkit.models.moe import MoEGPT, MoEGPTConfig
 from labkit.models.plan import ParallelPlan
 from labkit.models.zoo import (
     BIG_DECODERS,
@@ -23,6 +24,7 @@ from labkit.models.zoo import (
 )
 
 __all__ = ["BIG_DECODERS", "DLRM", "GPT", "GPT_7B", "GPT_70B", "MLP", "DLRMConfig", "GPTConfig",
-           "MLPConfig", "ModelConfig", "ParallelPlan", "build_model", "config_for",
+           "MLPConfig", "ModelConfig", "MoEGPT", "MoEGPTConfig", "ParallelPlan", "build_model",
+           "config_for",
            "count_parameters", "example_batch", "local_slice", "loss_fn", "make_batch",
            "plan_for", "sized", "to_device"]

@@ -33,10 +33,17 @@ class GPTConfig:
                              f"n_heads ({self.n_heads})")
 
 
+def causal_attention(q, k, v):
+    """Causal attention over the whole sequence; (batch, head, seq, d_head) each."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.d_head = config.d_model // config.n_heads
+        # Same arguments, same result: context parallelism puts ring attention here.
+        self.attention = causal_attention
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.proj = nn.Linear(config.d_model, config.d_model)
 
@@ -47,7 +54,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=2)  # each (batch, seq, heads x d_head)
         heads = (batch, seq, q.shape[-1] // self.d_head, self.d_head)
         q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))  # (batch, head, seq, d_head)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from labkit.context_parallel.apply import global_positions, ring_attention_for
 from labkit.models.gpt import GPT, Block
 from labkit.models.plan import ParallelPlan
 
@@ -54,6 +55,18 @@ class GPTPlan(ParallelPlan):
                          f"blocks.{i}.mlp.0": ColwiseParallel(),
                          f"blocks.{i}.mlp.2": RowwiseParallel()})
         return plan
+
+    def check_cp(self, config, degree: int) -> None:
+        if config.seq_len % (2 * degree):
+            raise ValueError(f"cp={degree} cuts each sequence into 2 x {degree} chunks (rank i "
+                             f"holds chunks i and {2 * degree - 1}-i, so causal attention's "
+                             f"work is even): seq_len {config.seq_len} must be a multiple of "
+                             f"{2 * degree}")
+
+    def apply_cp(self, model: nn.Module, group, rank: int, degree: int) -> None:
+        for block in model.blocks:
+            block.attn.attention = ring_attention_for(group)
+        global_positions(model.pos, rank, degree)
 
     def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [("", GPTEmbedding(model)),

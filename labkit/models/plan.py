@@ -35,6 +35,16 @@ class ParallelPlan:
                          f"zoo's 'gpt'; {self.family!r} has no blocks here: choose model='gpt'"
                          f" or activation_checkpointing=False")
 
+    def check_cp(self, config, degree: int) -> None:
+        """Raise unless the model has attention over sequences that cut into 2 x degree."""
+        if degree > 1:
+            raise ValueError(f"context parallelism splits the sequences that attention reads; "
+                             f"{self.family!r} has no attention: choose model='gpt' or cp=1")
+
+    def check_ep(self, config, degree: int) -> None:
+        raise ValueError(f"expert parallelism spreads a mixture of experts; {self.family!r} "
+                         "has none: choose model=labkit.models.MoEGPTConfig()")
+
     def check_tables(self, config, tables: str, group_size: int) -> None:
         raise ValueError(f"'{tables}' shards the embedding tables of the zoo's 'dlrm', not "
                          f"{self.family!r}")
@@ -51,6 +61,10 @@ class ParallelPlan:
     def fsdp_units(self, module: nn.Module) -> list[nn.Module]:
         """Submodules of ``module`` that FSDP gathers and frees as one unit each."""
         return []
+
+    def apply_cp(self, model: nn.Module, group, rank: int, degree: int) -> None:
+        """Context parallelism on the whole model: its attention over the cp group."""
+        raise NotImplementedError
 
     def checkpoint_units(self, module: nn.Module) -> list[nn.Module]:
         """Submodules of ``module`` whose activations are recomputed in backward (one

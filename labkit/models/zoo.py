@@ -15,16 +15,21 @@ from labkit.models.gpt import GPT, GPTConfig, gpt_batch
 from labkit.models.gpt_plan import GPTPlan
 from labkit.models.mlp import MLP, MLPConfig, mlp_batch
 from labkit.models.mlp_plan import MLPPlan
+from labkit.models.moe import MoEGPT, MoEGPTConfig
+from labkit.models.moe_plan import MoEPlan
 from labkit.models.plan import ParallelPlan
 
-ModelConfig = MLPConfig | GPTConfig | DLRMConfig
+ModelConfig = MLPConfig | GPTConfig | DLRMConfig | MoEGPTConfig
 
 # config type -> (model class, data maker, parallel plan)
 _ZOO = {MLPConfig: (MLP, mlp_batch, MLPPlan()), GPTConfig: (GPT, gpt_batch, GPTPlan()),
         DLRMConfig: (DLRM, dlrm_batch, DLRMPlan())}
+_ZOO[MoEGPTConfig] = (MoEGPT, gpt_batch, MoEPlan())  # a GPT's data, its MLPs as experts
 _CONFIGS = {"mlp": MLPConfig, "gpt": GPTConfig, "dlrm": DLRMConfig}
+_CONFIGS["moe_gpt"] = MoEGPTConfig
 # The width each family scales when sized by parameter count, and how it must be rounded.
-_WIDTH = {"mlp": ("d_hidden", 8), "gpt": ("d_model", 32), "dlrm": ("rows_per_table", 1)}
+_WIDTH = {"mlp": ("d_hidden", 8), "gpt": ("d_model", 32), "dlrm": ("rows_per_table", 1),
+          "moe_gpt": ("d_model", 32)}
 
 # Real-world decoders for the estimator (never built for real): GPT-style blocks, 4x MLP.
 GPT_7B = GPTConfig(vocab_size=32_000, seq_len=2048, d_model=4096, n_heads=32, n_layers=32)

@@ -17,7 +17,9 @@ import gc
 from labkit.build import ParallelContext, build, full_weights, parallel_context
 from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter, union_seconds
+from labkit.context_parallel.apply import shard_batch
 from labkit.embedding_parallel.observe import TableObserver
+from labkit.expert_parallel.observe import ExpertObserver
 from labkit.layout.presets import layout_for
 from labkit.memory.capacity import on_host
 from labkit.memory.tracker import relabel_live
@@ -71,6 +73,7 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     with on_host():  # making data is the host's job; the device holds its own copy
         batch = make_batch(config.model, step, config.global_batch, config.seed)
         batch = local_slice(batch, run.data_rank, run.layout.data_size)
+        batch = shard_batch(batch, run.coordinate("cp"), run.layout.cp)  # cp: its tokens
     batch = to_device(batch, run.device, copy=True)
 
     def sync_gradients() -> None:
@@ -108,6 +111,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     gc.collect()  # what earlier runs left in reference cycles would still hold device memory
     run = parallel_context(ctx, layout)
     observers = _observers(layout)
+    if config.model.name == "moe_gpt":  # expert load and dropped tokens, per step
+        observers.append(ExpertObserver())
     always_tracked = ctx.memory.capacity_bytes is not None  # a cap tracks the whole job
     with ctx.memory as tracker:
         tracker.reset_peak()

@@ -32,7 +32,7 @@ from labkit.train.report import TrainReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm", "moe_gpt"])
     parser.add_argument("--params", type=float, help="size the model to about this many "
                         "parameters (default: the zoo's default size)")
     parser.add_argument("--strategy", default="ddp", choices=STRATEGIES)

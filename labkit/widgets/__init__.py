@@ -17,3 +17,6 @@ __all__ += ["RecommenderExplorer", "recommender_explorer"]
 from labkit.widgets.layout import LayoutExplorer, layout_explorer  # noqa: E402
 
 __all__ += ["LayoutExplorer", "layout_explorer"]
+from labkit.widgets.long_context import SequenceExplorer  # noqa: E402
+
+__all__ += ["SequenceExplorer"]

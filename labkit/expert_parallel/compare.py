@@ -1,0 +1,50 @@
+"""The MoE GPT beside the dense one, and the tokens dropped at each capacity factor: what
+notebook 08 measures (every figure from runs on the ranks, FLOPs counted by PyTorch)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from labkit.expert_parallel.observe import dropped_tokens
+from labkit.models import build_model, count_parameters
+
+
+def forward_flops_per_token(model_config) -> float:
+    """FLOPs of one forward pass per token, counted by ``FlopCounterMode`` (the MoE's expert
+    buffer counted whole: capacity slots, filled or not)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(model_config)
+    tokens = torch.zeros(1, model_config.seq_len, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(tokens)
+    return counter.get_total_flops() / model_config.seq_len
+
+
+def moe_vs_dense(moe_report, dense_report) -> dict:
+    """Parameters, forward FLOPs per token, final loss and median step of each run."""
+    out = {}
+    for name, report in (("dense", dense_report), ("moe", moe_report)):
+        model = report.config.model
+        out[name] = {"params": count_parameters(model),
+                     "flops_per_token": forward_flops_per_token(model),
+                     "final_loss": report.losses[-1],
+                     "median_step_s": report.split()["step_s"]}
+    return out
+
+
+def capacity_sweep(cluster, config, factors, layout) -> dict[float, float]:
+    """{capacity factor: share of the router's choices dropped over capacity}, each trained
+    for real with ``config`` (a TrainConfig of the MoE GPT) under ``layout``."""
+    from labkit.train import train
+
+    out = {}
+    for factor in factors:
+        model = dataclasses.replace(config.model, capacity_factor=float(factor))
+        with cluster.resized(layout.size):
+            report = train(cluster, config.replace(model=model, layout=layout), estimate=False)
+        routed = config.global_batch * model.seq_len * model.top_k * model.n_layers
+        out[float(factor)] = sum(dropped_tokens(report)) / (routed * report.steps)
+    return out

@@ -1,0 +1,83 @@
+"""Long sequences, interactively: a sequence-length slider; each length trains for real on
+one device and with context parallelism under the same capacity, peaks per rank beside the
+cap (or the OOM)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from matplotlib.figure import Figure
+
+from labkit.layout import Layout
+from labkit.memory.oom import DeviceOOM
+from labkit.memory.units import format_bytes, parse_bytes
+from labkit.plots.memory import plot_memory_bars
+from labkit.train import TrainConfig, train
+
+
+class SequenceExplorer:
+    """Per sequence length: one device and ``Layout(cp=cp)`` trained under ``capacity``."""
+
+    def __init__(self, cluster, model, seq_options, memory_per_device, cp: int = 2,
+                 global_batch: int = 2, steps: int = 2):
+        self.cluster, self.cp, self.seq_options = cluster, cp, sorted(seq_options)
+        self.capacity = parse_bytes(memory_per_device)
+        for seq in self.seq_options:  # bad lengths fail here, before any rank starts
+            model.__class__(**{**dataclasses.asdict(model), "seq_len": seq})
+            if seq % (2 * cp):
+                raise ValueError(f"seq_len {seq} does not cut into 2 x cp = {2 * cp} chunks")
+        self.model, self.global_batch, self.steps = model, global_batch, steps
+        self._cache: dict[int, dict] = {}
+
+    def _run(self, seq: int, layout: Layout) -> dict:
+        model = dataclasses.replace(self.model, seq_len=seq)
+        config = TrainConfig(model=model, layout=layout, global_batch=self.global_batch,
+                             steps=self.steps, optimizer="sgd", lr=0.1)
+        with self.cluster.resized(layout.size):
+            try:
+                report = train(self.cluster, config, memory_per_device=self.capacity,
+                               estimate=False)
+            except DeviceOOM as oom:
+                return {"oom": True, "breakdown": oom.breakdown,
+                        "requested": oom.requested_bytes}
+        memory = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])["memory"]
+        return {"oom": False, "breakdown": memory["at_peak"], "peak": memory["peak_bytes"],
+                "losses": report.losses}
+
+    def result(self, seq: int) -> dict:
+        if seq not in self._cache:
+            self._cache[seq] = {"one device": self._run(seq, Layout()),
+                                f"cp={self.cp}": self._run(seq, Layout(cp=self.cp))}
+        return self._cache[seq]
+
+    def figure(self, seq: int) -> Figure:
+        bars = []
+        for name, run in self.result(seq).items():
+            bar = {"label": name + (" (OOM)" if run["oom"] else ""),
+                   "breakdown": run["breakdown"], "oom": run["oom"]}
+            bar.update({k: run[k] for k in ("requested", "estimate") if k in run})
+            bars.append(bar)
+        return plot_memory_bars(bars, self.capacity,
+                                title=f"{seq} tokens per sequence: peak per rank (measured)")
+
+    def message(self, seq: int) -> str:
+        parts = []
+        for name, run in self.result(seq).items():
+            parts.append(f"{name}: DeviceOOM" if run["oom"] else
+                         f"{name}: peak {format_bytes(run['peak'])}")
+        return "; ".join(parts) + f" (capacity {format_bytes(self.capacity)})"
+
+    def widget(self, seq: int | None = None, background: bool = True):
+        import ipywidgets as widgets
+
+        from labkit.widgets.render import slider_panel
+
+        slider = widgets.SelectionSlider(options=self.seq_options,
+                                         value=seq or self.seq_options[0],
+                                         description="sequence length",
+                                         continuous_update=False, layout={"width": "450px"},
+                                         style={"description_width": "initial"})
+        box = slider_panel([slider], self.figure, lambda s: f"training {s} tokens",
+                           self.message, background)
+        box.slider = slider
+        return box

@@ -1,0 +1,118 @@
+"""The mixture-of-experts GPT and expert parallelism (labkit/models/moe.py,
+labkit/expert_parallel): routing equal to a token-by-token reference, experts spread over
+the dp ranks training exactly as one device (losses, SGD weights, expert load), all-to-all
+bytes per step equal to the formula, the estimate traced through the all-to-alls equal to
+the measured peak, and the layouts refused before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import labkit
+from labkit.costs import moe_all_to_all_bytes
+from labkit.expert_parallel import dropped_tokens, expert_load
+from labkit.layout import Layout, check_run
+from labkit.models import MoEGPTConfig
+from labkit.models.moe import MoE
+
+MOE = MoEGPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, n_experts=4,
+                   top_k=2, capacity_factor=1.0)
+SGD = dict(global_batch=4, steps=3, optimizer="sgd", lr=0.1, return_weights=True)
+
+
+def _token_by_token(layer: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The MoE layer written as a loop over tokens, capacity counted per sequence with
+    first choices served first."""
+    config, (batch, seq, _) = layer.config, x.shape
+    probs = torch.softmax(layer.router(x), dim=-1)
+    weight, expert = probs.topk(config.top_k, dim=-1)
+    weight = weight / weight.sum(-1, keepdim=True)
+    w1, b1, w2, b2 = layer.experts.w1, layer.experts.b1, layer.experts.w2, layer.experts.b2
+    out = torch.zeros_like(x)
+    for b in range(batch):
+        taken = [0] * config.n_experts
+        for j in range(config.top_k):
+            for s in range(seq):
+                e = int(expert[b, s, j])
+                if taken[e] == config.capacity():
+                    continue
+                taken[e] += 1
+                hidden = F.gelu(x[b, s] @ w1[e] + b1[e])
+                out[b, s] += weight[b, s, j] * (hidden @ w2[e] + b2[e])
+    return out
+
+
+def test_routing_equals_a_token_by_token_loop_and_drops_over_capacity():
+    torch.manual_seed(0)
+    for factor in (0.5, 1.0, 2.0):
+        layer = MoE(MOE.__class__(**{**MOE.__dict__, "capacity_factor": factor}))
+        x = torch.randn(3, MOE.seq_len, MOE.d_model)
+        torch.testing.assert_close(layer(x), _token_by_token(layer, x))
+        load, dropped = layer.stats["load"], int(layer.stats["dropped"])
+        assert int(load.sum()) + dropped == 3 * MOE.seq_len * MOE.top_k
+        assert int(load.max()) <= 3 * layer.config.capacity()
+        if factor == 0.5:
+            assert dropped > 0
+
+
+@pytest.fixture(scope="module")
+def four():
+    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def reference(four):
+    with four.resized(1):
+        return labkit.train(four, labkit.TrainConfig(model=MOE, **SGD))
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=2, ep=2), Layout(dp=4, ep=4), Layout(dp=2)],
+                         ids=str)
+def test_experts_over_ranks_train_as_one_device(four, reference, layout):
+    with four.resized(layout.size):
+        report = labkit.train(four, labkit.TrainConfig(model=MOE, layout=layout, **SGD))
+    torch.testing.assert_close(report.losses, reference.losses, rtol=1e-5, atol=0)
+    for name, weight in reference.ranks[0]["weights"].items():
+        torch.testing.assert_close(report.ranks[0]["weights"][name], weight, rtol=1e-4,
+                                   atol=1e-6, msg=name)
+    assert expert_load(report) == expert_load(reference)  # the same tokens, the same choices
+    assert dropped_tokens(report) == dropped_tokens(reference)
+    routed = SGD["global_batch"] * MOE.seq_len * MOE.top_k
+    for step in expert_load(report):
+        assert all(sum(layer) <= routed for layer in step)
+    for rank, peak in enumerate(report.peak_bytes):
+        assert abs(peak - report.estimate["peak_bytes"]) <= 0.02 * peak, (rank, peak)
+    if layout.ep == 1:
+        assert "all_to_all" not in report.comm_by_dim().get("dp", {})
+        return
+    moved = report.comm_by_dim()["dp"]["all_to_all"]
+    batch = SGD["global_batch"] // layout.dp
+    formula = moe_all_to_all_bytes(MOE.n_layers, MOE.n_experts, batch, MOE.capacity(),
+                                   MOE.d_model)
+    assert moved["calls"] == 4 * MOE.n_layers and moved["bytes"] == formula
+    assert moved["wire_bytes"] == formula * (layout.dp - 1) / layout.dp
+
+
+@pytest.mark.parametrize("model, degrees, match", [
+    ("gpt", dict(dp=2, ep=2), "has none"),
+    (MOE, dict(dp=4, ep=2), "must equal dp"),
+    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "must equal dp"),
+    (MoEGPTConfig(n_experts=3), dict(dp=2, ep=2), "multiple of 2"),
+    (MOE, dict(tp=2), "not by tensors"),
+    (MOE, dict(cp=2), "dense 'gpt'"),
+])
+def test_expert_layouts_refused_before_any_rank_starts(model, degrees, match):
+    with pytest.raises(ValueError, match=match):
+        layout = Layout(**degrees)
+        config = labkit.TrainConfig(model=model, layout=layout, global_batch=4)
+        check_run(config, layout, layout.size)
+
+
+def test_moe_refuses_micro_steps():
+    layout = Layout(dp=2, ep=2)
+    config = labkit.TrainConfig(model=MOE, layout=layout, global_batch=8, grad_accumulation=2)
+    with pytest.raises(ValueError, match="one micro-step"):
+        check_run(config, layout, 2)
