@@ -30,6 +30,7 @@ def check_01(results: dict) -> None:
     assert oom["in_use"] + oom["requested"] > oom["capacity"] >= oom["in_use"]
     assert results["big_models"]["7B"] > 80e9  # does not fit one 80 GB GPU
     assert results["big_params"]["7B"] > 6e9  # a big, deep model (quiz 00's evidence)
+    assert 15.5 < results["state_per_param"]["7B"] < 16.5  # "about 16 bytes per parameter"
     assert results["boundary_agreement"] >= 0.8
     fits = [c["fits"] for c in results["boundary"]["cells"]]
     assert any(fits) and not all(fits)
@@ -54,6 +55,8 @@ def check_02(results: dict) -> None:
     assert turns["utilisation"]["turns"] <= 1 / n + 0.05  # each device busy ~1/N of a step
     work = results["work"]
     assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
+    whole, accumulated = results["accumulation_activations"].values()
+    assert accumulated < whole  # accumulation saves activation memory, not time
 
 
 def check_03(results: dict) -> None:
