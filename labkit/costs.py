@@ -82,8 +82,8 @@ def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
 # quantised (Dettmers et al., 2022, bitsandbytes); ZeRO-Offload keeps the optimizer state in
 # host memory and runs Adam on the CPU (Ren et al., 2021).
 STATE_ALTERNATIVES = {
-    "fp32 Adam (the runs here)": ((_FP32, _FP32, 2 * _FP32),
-                                  "none: the reference"),
+    "fp32 weights, gradients, Adam": ((_FP32, _FP32, 2 * _FP32),
+                                      "none: the reference"),
     "bf16 weights, gradients, moments": ((_BF16, _BF16, 2 * _BF16),
                                          "updates below bf16's resolution are lost"),
     "8-bit Adam moments": ((_FP32, _FP32, 2 * 1),

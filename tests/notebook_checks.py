@@ -31,6 +31,13 @@ def check_01(results: dict) -> None:
     assert results["big_models"]["7B"] > 80e9  # does not fit one 80 GB GPU
     assert results["big_params"]["7B"] > 6e9  # a big, deep model (quiz 00's evidence)
     assert 15.5 < results["state_per_param"]["7B"] < 16.5  # "about 16 bytes per parameter"
+    levers = {run["name"]: run for run in results["levers"]}
+    assert all(run["oom"] is None and run["step_s"] > 0 for run in levers.values())
+    assert all(abs(run["estimated_bytes"] - run["peak_bytes"]) < 0.1 * run["peak_bytes"]
+               for run in levers.values())  # the estimator traces every lever
+    plain = levers["plain"]["category_peaks"]["activations"]
+    for name in ("checkpointing", "accumulation x4", "bf16"):  # each saves activation memory
+        assert levers[name]["category_peaks"]["activations"] < plain, name
     assert results["boundary_agreement"] >= 0.8
     fits = [c["fits"] for c in results["boundary"]["cells"]]
     assert any(fits) and not all(fits)
@@ -66,6 +73,8 @@ def check_03(results: dict) -> None:
     losses = results["losses"]
     for name in ("gpipe", "1f1b"):  # micro-batching does not change the training
         assert all(abs(a - b) < 1e-5 for a, b in zip(losses[name], losses["naive"], strict=True))
+    assert all(abs(a - b) < 1e-5 for a, b in zip(losses["gpipe"], losses["one_device"],
+                                                  strict=True))  # the pipeline trains as one
     assert abs(results["bubble"]["naive"] - results["theory"]["naive"]) < 0.15
     assert results["activations"]["1f1b"] < results["activations"]["gpipe"]
 
@@ -114,6 +123,9 @@ def check_05(results: dict) -> None:
     assert (fit["fsdp"] or 0) >= (fit["zero1"] or 0) >= (fit["ddp"] or 0)
     assert (fit["fsdp"] or 0) > (fit["ddp"] or 0), "the boundary was meant to move"
     assert all(a >= 0.8 for a in results["agreement"].values())
+    per_param = results["bytes_per_param"]  # the runs are fp32 Adam: 4 + 4 + 8 (+ temporaries)
+    assert per_param["parameters"] == per_param["gradients"] == 4.0
+    assert 8.0 <= per_param["optimizer"] < 8.5
 
 
 def check_06(results: dict) -> None:
@@ -139,6 +151,8 @@ def check_06(results: dict) -> None:
         assert losses[-1] < losses[0]
     assert all(abs(a - b) < 1e-5 for a, b in zip(results["losses"]["table_wise"],
                                                   results["losses"]["row_wise"], strict=True))
+    assert all(abs(a - b) < 1e-5 for a, b in zip(results["losses"]["table_wise"],
+                                                  results["losses"]["one_device"], strict=True))
     assert "all_to_all" in results["comm"]["table_wise"]
     assert "reduce_scatter" in results["comm"]["row_wise"]
     for name, run in results["speed"].items():

@@ -17,3 +17,6 @@ __all__ += ["RecommenderExplorer", "recommender_explorer"]
 from labkit.widgets.layout import LayoutExplorer, layout_explorer  # noqa: E402
 
 __all__ += ["LayoutExplorer", "layout_explorer"]
+from labkit.widgets.levers import lever_picker  # noqa: E402
+
+__all__ += ["lever_picker"]
