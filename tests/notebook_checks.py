@@ -64,6 +64,9 @@ def check_02(results: dict) -> None:
     assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
     whole, accumulated = results["accumulation_activations"].values()
     assert accumulated < whole  # accumulation saves activation memory, not time
+    timeline = results["bucket_timeline"]  # the overlap plot's buckets are DDP's
+    assert len(timeline["buckets"]) == timeline["ddp_buckets"] > 1
+    assert all(0 <= b["issued"] <= b["done"] for b in timeline["buckets"])
 
 
 def check_03(results: dict) -> None:
@@ -188,7 +191,8 @@ NOTEBOOKS = {
     "01_the_memory_wall": ({"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
                             "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
-                          "sizes": [5e5], "world_sizes": [1, 2], "interactive": False},
+                          "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
+                          "interactive": False},
                          check_02),
     "03_pipeline_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 256,
                               "memory_per_device": "8MiB", "micro_batches": 4,

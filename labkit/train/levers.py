@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.memory.oom import DeviceOOM
-from labkit.train.config import TrainConfig
 from labkit.train.api import train
+from labkit.train.config import TrainConfig
 
 PLAIN: dict = {}
 LEVERS = {"activation checkpointing": {"activation_checkpointing": True},
