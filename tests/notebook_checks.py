@@ -67,6 +67,10 @@ def check_02(results: dict) -> None:
     timeline = results["bucket_timeline"]  # the overlap plot's buckets are DDP's
     assert len(timeline["buckets"]) == timeline["ddp_buckets"] > 1
     assert all(0 <= b["issued"] <= b["done"] for b in timeline["buckets"])
+    fit = results["ring_fit"]  # the ring formula's terms come from other sizes than it predicts
+    assert fit["held_out_bytes"] not in fit["sizes_bytes"] and len(fit["sizes_bytes"]) >= 2
+    assert fit["bandwidth"] > 0 and fit["predicted_s"] > 0 and fit["held_out_s"] > 0
+    assert results["bus_bandwidth"] == fit["bandwidth"]
 
 
 def check_03(results: dict) -> None:
@@ -192,6 +196,7 @@ NOTEBOOKS = {
                             "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
                           "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
+                          "comm_sizes_kib": [16, 256, 1024],
                           "interactive": False},
                          check_02),
     "03_pipeline_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 256,

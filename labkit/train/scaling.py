@@ -74,8 +74,12 @@ def measure_bus_bandwidth(cluster, nbytes: int) -> float:
 
 def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=(1, 2, 4),
                   strategy: str = "ddp", global_batch: int = 64, mode: str = "strong",
-                  steps: int = 5, **fields) -> ScalingResult:
+                  steps: int = 5, comm_model=None, **fields) -> ScalingResult:
     """Train at each world size (the cluster is resized, then put back) and measure.
+
+    The predicted communication is the ring formula with ``comm_model``'s latency and
+    bandwidth (an ``AlphaBeta`` fitted over message sizes) when given; else with the bus
+    bandwidth of one AllReduce of the gradients' size, measured here.
 
     ``global_batch`` is the batch of one device: in strong mode every world size splits it,
     in weak mode each rank gets that much (so the global batch grows with N).
@@ -92,7 +96,7 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     def run(cluster, cell: TrainConfig) -> ScalingPoint:
         report = train(cluster, cell, estimate=False)
         n = cluster.world_size
-        if n > 1 and not result.bus_bandwidth:
+        if n > 1 and not result.bus_bandwidth and comm_model is None:
             result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
         split = report.split()
         return ScalingPoint(n, cell.global_batch, split["step_s"], split["compute_s"],
@@ -103,8 +107,13 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     cells = [(n, config.replace(global_batch=global_batch * (n if mode == "weak" else 1)))
              for n in sorted(world_sizes)]
     result.points = run_cells(cluster, cells, run)
+    if comm_model is not None:
+        result.bus_bandwidth = comm_model.bandwidth
     for point in result.points:
-        if result.bus_bandwidth:
+        if comm_model is not None:
+            point.predicted_comm_s = (comm_model.on_group(point.world_size).predict(
+                point.comm_bytes) if point.world_size > 1 else 0.0)
+        elif result.bus_bandwidth:
             point.predicted_comm_s = ring_all_reduce_seconds(
                 point.comm_bytes, point.world_size, result.bus_bandwidth)
     return result
