@@ -196,7 +196,7 @@ NOTEBOOKS = {
                             "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
                           "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
-                          "comm_sizes_kib": [16, 256, 1024],
+                          "comm_sizes_kib": [16, 256, 4096],
                           "interactive": False},
                          check_02),
     "03_pipeline_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 256,

@@ -16,13 +16,18 @@ from dataclasses import asdict, dataclass, field
 from labkit.cluster.hardware import physical_cores
 from labkit.comm.timing import time_all_reduce
 from labkit.costs import ring_all_reduce_seconds
-from labkit.models import count_parameters, sized
+from labkit.models import MLPConfig, count_parameters, sized
 from labkit.train.api import train
 from labkit.train.config import TrainConfig
 from labkit.train.sweep import run_cells
 
-__all__ = ["ScalingPoint", "ScalingResult", "measure_bus_bandwidth", "ring_all_reduce_seconds",
-           "scaling_sweep"]
+__all__ = ["COMPUTE_BOUND", "ScalingPoint", "ScalingResult", "measure_bus_bandwidth",
+           "ring_all_reduce_seconds", "scaling_sweep"]
+
+# The compute-bound configuration the speedup bench and the README's figure use: a large batch
+# over a model whose gradient is small (2M parameters, 8 MB to AllReduce per step against
+# about 0.6 s of computation on one core): (model, global batch).
+COMPUTE_BOUND = (MLPConfig(d_in=256, d_hidden=512, n_layers=8, d_out=16), 8192)
 
 
 @dataclass
@@ -82,15 +87,18 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     bandwidth of one AllReduce of the gradients' size, measured here.
 
     ``global_batch`` is the batch of one device: in strong mode every world size splits it,
-    in weak mode each rank gets that much (so the global batch grows with N).
+    in weak mode each rank gets that much (so the global batch grows with N). ``model`` is a
+    zoo name (sized to ``params``) or a model config (``params`` is then ignored).
     """
     if mode not in ("strong", "weak"):
         raise ValueError("mode is 'strong' (fixed global batch) or 'weak' (fixed per rank)")
     if 1 not in world_sizes:
         raise ValueError("include world size 1: speedup is measured against one device")
-    config = TrainConfig(model=sized(model, int(float(params))), strategy=strategy,
-                         global_batch=global_batch, steps=steps, **fields)
-    result = ScalingResult(model, count_parameters(config.model), strategy, mode, 0.0,
+    chosen = sized(model, int(float(params))) if isinstance(model, str) else model
+    config = TrainConfig(model=chosen, strategy=strategy, global_batch=global_batch,
+                         steps=steps, **fields)
+    name = model if isinstance(model, str) else type(model).__name__.removesuffix("Config")
+    result = ScalingResult(name.lower(), count_parameters(config.model), strategy, mode, 0.0,
                            physical_cores())
 
     def run(cluster, cell: TrainConfig) -> ScalingPoint:
