@@ -29,6 +29,8 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("05_sharded_data_parallel", "2 bytes of weight, 2 of gradient and 12 of optimizer",
      "the ZeRO paper's count, quoted as the paper's (the plot below projects it)"),
     ("05_sharded_data_parallel", "7.5B-parameter model on 64", "the ZeRO paper's example"),
+    ("07_putting_it_together", "a 3D grid of 8 ranks",
+     "the size of the layout in the code just before it, pp=2 x dp=2 x tp=2"),
 )
 
 _MULTIPLIERS = {"x": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "million": 1e6,
