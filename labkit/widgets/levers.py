@@ -14,7 +14,8 @@ def _message(plain, chosen) -> str:
                 f"more at {format_bytes(chosen.peak_bytes)} in use).")
     saved = 1 - chosen.peak_bytes / plain.peak_bytes
     slower = chosen.step_s / plain.step_s if plain.step_s else float("nan")
-    return (f"{chosen.name}: peak {format_bytes(chosen.peak_bytes)} ({saved:+.0%} saved), "
+    return (f"{chosen.name}: peak {format_bytes(chosen.peak_bytes)} ({saved:.0%} below the "
+            f"plain run's), "
             f"step time {slower:.2f}x the plain run's, measured here.")
 
 
