@@ -1,7 +1,7 @@
 """Benchmark: how well the alpha-beta model predicts collectives at sizes it was not fitted on.
 
-    python bench/comm_model.py          # sizes 1 KiB to 16 MiB, 7 repeats each
-    python bench/comm_model.py --quick  # about a minute
+    python bench/comm_model.py          # sizes 1 KiB to 64 MiB, 50 repeats each
+    python bench/comm_model.py --quick  # about 20 seconds
 
 On one 2-rank cluster (CPU ranks: gloo over loopback; GPUs: NCCL), every collective labkit
 teaches (``labkit.comm.KINDS``) is timed at each size (``time_collectives``: the slowest
@@ -27,7 +27,7 @@ KIB = 1024
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="about a minute")
+    parser.add_argument("--quick", action="store_true", help="about 20 seconds")
     parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
     # sizes x4 apart; fitted on the even positions (ends included), held out on the odd ones
@@ -35,7 +35,7 @@ def main() -> None:
                                                                       for k in range(0, 9)]
     fitted = sizes[::2] + ([sizes[-1]] if len(sizes) % 2 == 0 else [])
     held_out = [s for s in sizes if s not in fitted]
-    repeats = 5 if args.quick else 7
+    repeats = 25 if args.quick else 50
     figures = {"cores": os.cpu_count(), "quick": args.quick, "ranks": args.ranks,
                "sizes_bytes": sizes, "fitted_bytes": fitted, "held_out_bytes": held_out,
                "repeats": repeats, "kinds": {}}
