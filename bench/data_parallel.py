@@ -28,14 +28,14 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import labkit
-from labkit.models import MLPConfig, build_model, loss_fn, make_batch
+from labkit.models import build_model, loss_fn, make_batch
+from labkit.train.scaling import COMPUTE_BOUND
 
-# Compute-bound: a large batch over a model whose gradient is small (2M parameters, 8 MB to
-# AllReduce per step against about 0.6 s of computation). A wider model with a small batch
-# (d_hidden 1536, batch 512) measured 1.26x here, with its 2-process ceiling at only 1.37x:
-# its weights do not fit the caches, and the two cores then share memory bandwidth.
-MODEL = MLPConfig(d_in=256, d_hidden=512, n_layers=8, d_out=16)
-BATCH = 8192
+# Compute-bound (labkit.train.scaling.COMPUTE_BOUND, also the README's speedup figure): a large
+# batch over a model whose gradient is small. A wider model with a small batch (d_hidden 1536,
+# batch 512) measured 1.26x here, with its 2-process ceiling at only 1.37x: its weights do not
+# fit the caches, and the two cores then share memory bandwidth.
+MODEL, BATCH = COMPUTE_BOUND
 
 
 def _free_port() -> int:

@@ -99,3 +99,27 @@ def ring_attention_send_bytes(n_layers: int, batch: int, seq_per_rank: int, d_mo
     if cp == 1:
         return 0
     return n_layers * (2 * block * (cp - 1) + 4 * block * (cp - 1) + 2 * block)
+
+
+# Ways to shrink the model state on one device, in bytes per parameter (weights, gradients,
+# optimizer state on the device), each with what it costs. Sources: bf16 everywhere (what
+# labkit's precision="bf16" runs); 8-bit Adam keeps both moments in 8 bits, block-wise
+# quantised (Dettmers et al., 2022, bitsandbytes); ZeRO-Offload keeps the optimizer state in
+# host memory and runs Adam on the CPU (Ren et al., 2021).
+STATE_ALTERNATIVES = {
+    "fp32 weights, gradients, Adam": ((_FP32, _FP32, 2 * _FP32),
+                                      "none: the reference"),
+    "bf16 weights, gradients, moments": ((_BF16, _BF16, 2 * _BF16),
+                                         "updates below bf16's resolution are lost"),
+    "8-bit Adam moments": ((_FP32, _FP32, 2 * 1),
+                           "quantisation error in the moments; GPU kernels"),
+    "optimizer offloaded to the CPU": ((_FP32, _FP32, 0),
+                                       "gradients and weights cross PCIe every step; "
+                                       "the CPU runs Adam"),
+}
+
+
+def state_alternatives(n_params: float) -> list[dict]:
+    """Model-state bytes on the device for ``n_params`` under each of STATE_ALTERNATIVES."""
+    return [{"alternative": name, "bytes_per_param": sum(per), "bytes": sum(per) * n_params,
+             "cost": cost} for name, (per, cost) in STATE_ALTERNATIVES.items()]

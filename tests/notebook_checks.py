@@ -30,6 +30,14 @@ def check_01(results: dict) -> None:
     assert oom["in_use"] + oom["requested"] > oom["capacity"] >= oom["in_use"]
     assert results["big_models"]["7B"] > 80e9  # does not fit one 80 GB GPU
     assert results["big_params"]["7B"] > 6e9  # a big, deep model (quiz 00's evidence)
+    assert 15.5 < results["state_per_param"]["7B"] < 16.5  # "about 16 bytes per parameter"
+    levers = {run["name"]: run for run in results["levers"]}
+    assert all(run["oom"] is None and run["step_s"] > 0 for run in levers.values())
+    assert all(abs(run["estimated_bytes"] - run["peak_bytes"]) < 0.1 * run["peak_bytes"]
+               for run in levers.values())  # the estimator traces every lever
+    plain = levers["plain"]["category_peaks"]["activations"]
+    for name in ("checkpointing", "accumulation x4", "bf16"):  # each saves activation memory
+        assert levers[name]["category_peaks"]["activations"] < plain, name
     assert results["boundary_agreement"] >= 0.8
     fits = [c["fits"] for c in results["boundary"]["cells"]]
     assert any(fits) and not all(fits)
@@ -54,6 +62,15 @@ def check_02(results: dict) -> None:
     assert turns["utilisation"]["turns"] <= 1 / n + 0.05  # each device busy ~1/N of a step
     work = results["work"]
     assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
+    whole, accumulated = results["accumulation_activations"].values()
+    assert accumulated < whole  # accumulation saves activation memory, not time
+    timeline = results["bucket_timeline"]  # the overlap plot's buckets are DDP's
+    assert len(timeline["buckets"]) == timeline["ddp_buckets"] > 1
+    assert all(0 <= b["issued"] <= b["done"] for b in timeline["buckets"])
+    fit = results["ring_fit"]  # the ring formula's terms come from other sizes than it predicts
+    assert fit["held_out_bytes"] not in fit["sizes_bytes"] and len(fit["sizes_bytes"]) >= 2
+    assert fit["bandwidth"] > 0 and fit["predicted_s"] > 0 and fit["held_out_s"] > 0
+    assert results["bus_bandwidth"] == fit["bandwidth"]
 
 
 def check_03(results: dict) -> None:
@@ -63,6 +80,8 @@ def check_03(results: dict) -> None:
     losses = results["losses"]
     for name in ("gpipe", "1f1b"):  # micro-batching does not change the training
         assert all(abs(a - b) < 1e-5 for a, b in zip(losses[name], losses["naive"], strict=True))
+    assert all(abs(a - b) < 1e-5 for a, b in zip(losses["gpipe"], losses["one_device"],
+                                                  strict=True))  # the pipeline trains as one
     assert abs(results["bubble"]["naive"] - results["theory"]["naive"]) < 0.15
     assert results["activations"]["1f1b"] < results["activations"]["gpipe"]
 
@@ -111,6 +130,9 @@ def check_05(results: dict) -> None:
     assert (fit["fsdp"] or 0) >= (fit["zero1"] or 0) >= (fit["ddp"] or 0)
     assert (fit["fsdp"] or 0) > (fit["ddp"] or 0), "the boundary was meant to move"
     assert all(a >= 0.8 for a in results["agreement"].values())
+    per_param = results["bytes_per_param"]  # the runs are fp32 Adam: 4 + 4 + 8 (+ temporaries)
+    assert per_param["parameters"] == per_param["gradients"] == 4.0
+    assert 8.0 <= per_param["optimizer"] < 12.0  # Adam's two moments, and its step's temporaries
 
 
 def check_06(results: dict) -> None:
@@ -136,6 +158,8 @@ def check_06(results: dict) -> None:
         assert losses[-1] < losses[0]
     assert all(abs(a - b) < 1e-5 for a, b in zip(results["losses"]["table_wise"],
                                                   results["losses"]["row_wise"], strict=True))
+    assert all(abs(a - b) < 1e-5 for a, b in zip(results["losses"]["table_wise"],
+                                                  results["losses"]["one_device"], strict=True))
     assert "all_to_all" in results["comm"]["table_wise"]
     assert "reduce_scatter" in results["comm"]["row_wise"]
     for name, run in results["speed"].items():
@@ -191,7 +215,9 @@ NOTEBOOKS = {
     "01_the_memory_wall": ({"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
                             "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
-                          "sizes": [5e5], "world_sizes": [1, 2], "interactive": False},
+                          "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
+                          "comm_sizes_kib": [16, 256, 4096],
+                          "interactive": False},
                          check_02),
     "03_pipeline_parallel": ({"d_hidden": 512, "n_layers": 4, "global_batch": 256,
                               "memory_per_device": "8MiB", "micro_batches": 4,

@@ -148,7 +148,11 @@ def _saved_errors(page, url: str, token: str, name: str) -> list[str]:
 def _move_slider(page, label: str, key: str) -> float:
     """Press ``key`` on the slider; seconds until the plot image changed and settled."""
     slider = page.locator(".widget-hslider", has_text=label).first
-    image = page.locator(".widget-output img").first
+    # the plot of the slider's own panel (labkit's slider_panel: a VBox of controls, plot...),
+    # not the first plot of the page: a notebook may show several widgets
+    panel = slider.locator("xpath=ancestor::div[contains(concat(' ', normalize-space(@class), "
+                           "' '), ' widget-vbox ')][1]")
+    image = panel.locator(".widget-output img").first
     before = image.get_attribute("src")
     slider.locator(".noUi-handle").focus()
     start = time.monotonic()

@@ -17,6 +17,7 @@ import pytest
 
 from labkit.classroom.grade import exercise_results
 from tests.notebook_checks import NOTEBOOKS
+from tests.prose_numbers import unprinted_numbers
 
 REPO = Path(__file__).resolve().parent.parent
 ALL = sorted((REPO / "course").glob("*.ipynb"))
@@ -61,3 +62,6 @@ def test_notebook_runs_and_records_results(notebook: Path, tmp_path: Path):
     exercises = exercise_results(nbformat.read(executed, as_version=4))
     assert exercises, f"{notebook.name} has no exercise"
     assert all(e["status"] == "passed" for e in exercises), exercises
+    unprinted = unprinted_numbers(json.loads(executed.read_text()), notebook.stem)
+    assert not unprinted, ("numbers in the prose that no cell printed (print them from a cell, "
+                           "or say them without a number):\n" + "\n".join(unprinted))

@@ -51,6 +51,12 @@ class AlphaBeta:
         """Seconds for a collective on a tensor of ``nbytes`` on this group."""
         return self.alpha_s + self.wire_bytes(nbytes) / self.bandwidth
 
+    def on_group(self, world_size: int) -> AlphaBeta:
+        """The same links and start-up cost on ``world_size`` ranks: only the ring's share
+        changes (a projection for other sizes: a real ring's alpha grows with its steps)."""
+        return AlphaBeta(self.kind, world_size, self.alpha_s, self.bandwidth,
+                         self.sizes_bytes, self.seconds)
+
     def relative_errors(self, sizes_bytes, seconds) -> list[float]:
         """|predicted - measured| / measured at each size (e.g. sizes held out of the fit)."""
         return [abs(self.predict(b) - s) / s for b, s in zip(sizes_bytes, seconds, strict=True)]

@@ -3,5 +3,7 @@
 
 from labkit.data_parallel.ddp import wrap_ddp
 from labkit.data_parallel.naive import average_gradients, broadcast_parameters
+from labkit.data_parallel.overlap import BucketTimeline, bucket_timeline
 
-__all__ = ["average_gradients", "broadcast_parameters", "wrap_ddp"]
+__all__ = ["BucketTimeline", "average_gradients", "broadcast_parameters", "bucket_timeline",
+           "wrap_ddp"]

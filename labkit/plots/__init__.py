@@ -35,3 +35,7 @@ __all__ = ["plot_boundaries", "plot_comm_price", "plot_sharded_memory", "plot_ze
            "plot_step_times", "plot_split_matmul", "plot_tp_degrees", "plot_tp_vs_ddp"]
 __all__ += ["plot_layout_run", "plot_rank_grid", "plot_scenario"]
 __all__ += ["plot_ooms", "plot_plan", "plot_step_split", "plot_table_memory", "plot_training"]
+from labkit.plots.levers import plot_levers  # noqa: E402
+from labkit.plots.overlap import plot_bucket_timeline  # noqa: E402
+
+__all__ += ["plot_bucket_timeline", "plot_levers"]

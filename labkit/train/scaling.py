@@ -16,13 +16,18 @@ from dataclasses import asdict, dataclass, field
 from labkit.cluster.hardware import physical_cores
 from labkit.comm.timing import time_all_reduce
 from labkit.costs import ring_all_reduce_seconds
-from labkit.models import count_parameters, sized
+from labkit.models import MLPConfig, count_parameters, sized
 from labkit.train.api import train
 from labkit.train.config import TrainConfig
 from labkit.train.sweep import run_cells
 
-__all__ = ["ScalingPoint", "ScalingResult", "measure_bus_bandwidth", "ring_all_reduce_seconds",
-           "scaling_sweep"]
+__all__ = ["COMPUTE_BOUND", "ScalingPoint", "ScalingResult", "measure_bus_bandwidth",
+           "ring_all_reduce_seconds", "scaling_sweep"]
+
+# The compute-bound configuration the speedup bench and the README's figure use: a large batch
+# over a model whose gradient is small (2M parameters, 8 MB to AllReduce per step against
+# about 0.6 s of computation on one core): (model, global batch).
+COMPUTE_BOUND = (MLPConfig(d_in=256, d_hidden=512, n_layers=8, d_out=16), 8192)
 
 
 @dataclass
@@ -74,25 +79,32 @@ def measure_bus_bandwidth(cluster, nbytes: int) -> float:
 
 def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=(1, 2, 4),
                   strategy: str = "ddp", global_batch: int = 64, mode: str = "strong",
-                  steps: int = 5, **fields) -> ScalingResult:
+                  steps: int = 5, comm_model=None, **fields) -> ScalingResult:
     """Train at each world size (the cluster is resized, then put back) and measure.
 
+    The predicted communication is the ring formula with ``comm_model``'s latency and
+    bandwidth (an ``AlphaBeta`` fitted over message sizes) when given; else with the bus
+    bandwidth of one AllReduce of the gradients' size, measured here.
+
     ``global_batch`` is the batch of one device: in strong mode every world size splits it,
-    in weak mode each rank gets that much (so the global batch grows with N).
+    in weak mode each rank gets that much (so the global batch grows with N). ``model`` is a
+    zoo name (sized to ``params``) or a model config (``params`` is then ignored).
     """
     if mode not in ("strong", "weak"):
         raise ValueError("mode is 'strong' (fixed global batch) or 'weak' (fixed per rank)")
     if 1 not in world_sizes:
         raise ValueError("include world size 1: speedup is measured against one device")
-    config = TrainConfig(model=sized(model, int(float(params))), strategy=strategy,
-                         global_batch=global_batch, steps=steps, **fields)
-    result = ScalingResult(model, count_parameters(config.model), strategy, mode, 0.0,
+    chosen = sized(model, int(float(params))) if isinstance(model, str) else model
+    config = TrainConfig(model=chosen, strategy=strategy, global_batch=global_batch,
+                         steps=steps, **fields)
+    name = model if isinstance(model, str) else type(model).__name__.removesuffix("Config")
+    result = ScalingResult(name.lower(), count_parameters(config.model), strategy, mode, 0.0,
                            physical_cores())
 
     def run(cluster, cell: TrainConfig) -> ScalingPoint:
         report = train(cluster, cell, estimate=False)
         n = cluster.world_size
-        if n > 1 and not result.bus_bandwidth:
+        if n > 1 and not result.bus_bandwidth and comm_model is None:
             result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
         split = report.split()
         return ScalingPoint(n, cell.global_batch, split["step_s"], split["compute_s"],
@@ -103,8 +115,13 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     cells = [(n, config.replace(global_batch=global_batch * (n if mode == "weak" else 1)))
              for n in sorted(world_sizes)]
     result.points = run_cells(cluster, cells, run)
+    if comm_model is not None:
+        result.bus_bandwidth = comm_model.bandwidth
     for point in result.points:
-        if result.bus_bandwidth:
+        if comm_model is not None:
+            point.predicted_comm_s = (comm_model.on_group(point.world_size).predict(
+                point.comm_bytes) if point.world_size > 1 else 0.0)
+        elif result.bus_bandwidth:
             point.predicted_comm_s = ring_all_reduce_seconds(
                 point.comm_bytes, point.world_size, result.bus_bandwidth)
     return result

@@ -20,3 +20,9 @@ __all__ += ["LayoutExplorer", "layout_explorer"]
 from labkit.widgets.long_context import SequenceExplorer  # noqa: E402
 
 __all__ += ["SequenceExplorer"]
+from labkit.widgets.levers import lever_picker  # noqa: E402
+
+__all__ += ["lever_picker"]
+from labkit.widgets.overlap import bucket_explorer  # noqa: E402
+
+__all__ += ["bucket_explorer"]

@@ -18,15 +18,17 @@ class ScalingExplorer:
     """Measured points per (model size, world size), trained on first use."""
 
     def __init__(self, cluster, model: str = "mlp", sizes=(1e6, 4e6), world_sizes=(1, 2, 4),
-                 strategy: str = "ddp", global_batch: int = 128, steps: int = 4):
+                 strategy: str = "ddp", global_batch: int = 128, steps: int = 4,
+                 comm_model=None):
         self.cluster, self.model, self.strategy = cluster, model, strategy
+        self.comm_model = comm_model  # an AlphaBeta fitted over sizes: the ring formula's terms
         self.world_sizes = sorted(world_sizes)
         self.configs = {count_parameters(c.model): c for c in (
             TrainConfig(model=sized(model, int(float(s))), strategy=strategy,
                         global_batch=global_batch, steps=steps) for s in sizes)}
         self.sizes = sorted(self.configs)
         self._points: dict[tuple[int, int], ScalingPoint] = {}
-        self._bandwidth: float = 0.0
+        self._bandwidth: float = comm_model.bandwidth if comm_model is not None else 0.0
 
     def point(self, params: int, world_size: int) -> ScalingPoint:
         key = (params, world_size)
@@ -42,7 +44,10 @@ class ScalingExplorer:
                 split["comm_s"], split["comm_busy_s"], report.samples_per_s,
                 report.comm_bytes_per_step, 0.0, report.oversubscribed, report.losses)
         point = self._points[key]
-        if self._bandwidth:
+        if self.comm_model is not None:
+            point.predicted_comm_s = (self.comm_model.on_group(world_size).predict(
+                point.comm_bytes) if world_size > 1 else 0.0)
+        elif self._bandwidth:
             point.predicted_comm_s = ring_seconds(point.comm_bytes, world_size, self._bandwidth)
         return point
 

@@ -1,0 +1,94 @@
+"""Before buying more GPUs: what one device's memory levers save and cost, each a real run.
+
+A lever is a set of ``TrainConfig`` fields (``activation_checkpointing``, ``precision``,
+``grad_accumulation``). ``try_levers`` trains the same config plain and with each lever on the
+same cluster, under its capacity, and keeps per run the measured peak by category, the
+estimator's peak, the median step time (measured here) and, when it did not fit, the
+``DeviceOOM``'s numbers. ``LeverPicker`` caches runs by lever, for the notebook's picker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.memory.oom import DeviceOOM
+from labkit.train.api import train
+from labkit.train.config import TrainConfig
+
+PLAIN: dict = {}
+LEVERS = {"activation checkpointing": {"activation_checkpointing": True},
+          "accumulation x4": {"grad_accumulation": 4},
+          "bf16": {"precision": "bf16"},
+          "mixed precision": {"precision": "mixed"}}
+
+
+@dataclass
+class LeverRun:
+    """One configuration trained for real: peak by category at the peak, or the OOM."""
+
+    name: str
+    options: dict
+    at_peak: dict[str, int]
+    peak_bytes: int
+    estimated_bytes: int
+    step_s: float | None  # median step, measured here; None when it ran out of memory
+    category_peaks: dict[str, int]  # each category's own highest value (not at one moment)
+    oom: dict | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def lever_name(options: dict) -> str:
+    """A short label: "plain", or the levers on ("checkpointing + bf16 + accumulation x4")."""
+    parts = []
+    if options.get("activation_checkpointing"):
+        parts.append("checkpointing")
+    if options.get("precision", "fp32") != "fp32":
+        parts.append(options["precision"])
+    if options.get("grad_accumulation", 1) > 1:
+        parts.append(f"accumulation x{options['grad_accumulation']}")
+    return " + ".join(parts) or "plain"
+
+
+def run_lever(cluster, config: TrainConfig, options: dict) -> LeverRun:
+    """Train ``config`` with ``options`` on ``cluster`` (its capacity applies)."""
+    changed = config.replace(**options)
+    try:
+        report = train(cluster, changed)
+    except DeviceOOM as oom:
+        total = sum(oom.breakdown.values())
+        return LeverRun(lever_name(options), options, dict(oom.breakdown), total, 0, None, {},
+                        {"requested": oom.requested_bytes, "capacity": oom.capacity_bytes})
+    memory = report.ranks[0]["memory"]
+    return LeverRun(lever_name(options), options, dict(memory["at_peak"]),
+                    memory["peak_bytes"], report.estimate["peak_bytes"], report.median_step_s,
+                    dict(memory["category_peaks"]))
+
+
+def try_levers(cluster, config: TrainConfig, levers: dict | None = None) -> list[LeverRun]:
+    """The plain run, then one run per lever (``{name: TrainConfig fields}``)."""
+    levers = LEVERS if levers is None else levers
+    return [run_lever(cluster, config, PLAIN)] + [run_lever(cluster, config, options)
+                                                  for options in levers.values()]
+
+
+class LeverPicker:
+    """Runs by lever combination, trained on first use and cached."""
+
+    def __init__(self, cluster, config: TrainConfig, runs: list[LeverRun] = ()):
+        self.cluster, self.config = cluster, config
+        self._cache = {self._key(run.options): run for run in runs}
+
+    @staticmethod
+    def _key(options: dict) -> tuple:
+        return (bool(options.get("activation_checkpointing", False)),
+                options.get("precision", "fp32"), int(options.get("grad_accumulation", 1)))
+
+    def run(self, checkpointing: bool, precision: str, accumulation: int) -> LeverRun:
+        options = {"activation_checkpointing": checkpointing, "precision": precision,
+                   "grad_accumulation": accumulation}
+        key = self._key(options)
+        if key not in self._cache:
+            self._cache[key] = run_lever(self.cluster, self.config, options)
+        return self._cache[key]

@@ -1,0 +1,37 @@
+"""Notebook 01's lever picker (labkit/train/levers.py): labels, a run that fits, a run that
+does not (its OOM kept, not raised), and the cache the picker draws from. About 5 s on one
+rank with a 0.2M-parameter GPT."""
+
+from __future__ import annotations
+
+import pytest
+
+import labkit
+from labkit.models import sized
+from labkit.train.levers import LeverPicker, lever_name, run_lever
+
+
+@pytest.mark.parametrize("options, name", [
+    ({}, "plain"),
+    ({"activation_checkpointing": True, "precision": "fp32", "grad_accumulation": 1},
+     "checkpointing"),
+    ({"activation_checkpointing": True, "precision": "bf16", "grad_accumulation": 4},
+     "checkpointing + bf16 + accumulation x4"),
+])
+def test_a_lever_is_named_by_what_is_on(options, name):
+    assert lever_name(options) == name
+
+
+def test_levers_run_for_real_and_an_oom_is_kept_as_a_result():
+    config = labkit.TrainConfig(model=sized("gpt", 2e5), global_batch=16, steps=2)
+    with labkit.Cluster(1, memory_per_device="32MiB") as cluster:
+        picker = LeverPicker(cluster, config)
+        plain = picker.run(False, "fp32", 1)
+        assert picker.run(False, "fp32", 1) is plain  # cached, not trained again
+        saved = picker.run(True, "fp32", 4)
+        assert saved.oom is None and saved.peak_bytes < plain.peak_bytes
+        assert saved.estimated_bytes == pytest.approx(saved.peak_bytes, rel=0.1)
+    with labkit.Cluster(1, memory_per_device="4MiB") as small:
+        failed = run_lever(small, config, {"precision": "bf16"})
+    assert failed.oom is not None and failed.step_s is None
+    assert failed.oom["capacity"] == 4 * 2**20
