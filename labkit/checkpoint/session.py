@@ -1,8 +1,9 @@
 """Checkpoints on the ranks of a run: resume from the newest good one, save every k steps.
 
 Every rank calls the same methods in the same order (each one is collective). A save is
-DCP's ``dcp.save`` of this rank's shards into ``step-N.tmp``, then rank 0 gathers every
-rank's records and commits the folder (``store.commit``: marker last, then the rename).
+DCP's ``dcp.save`` of this rank's shards into ``step-N.tmp``; each rank writes its records
+beside its shard; then rank 0 commits the folder (``store.commit``: marker last, then the
+rename).
 The time of ``dcp.save`` and the bytes of this rank's file are added to the step's record
 (``checkpoint_s``, ``checkpoint_bytes``). Batches are made from (seed, step), so the step
 is the data position: a resumed run sees exactly the batches the lost one would have.
@@ -10,6 +11,7 @@ is the data position: a resumed run sees exactly the batches the lost one would 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import statistics
@@ -21,7 +23,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from labkit.checkpoint.state import ModelAndOptimizer, RandomState, rng_key
-from labkit.checkpoint.store import RECORDS, Found, commit, scan, step_dir, tmp_dir
+from labkit.checkpoint.store import (
+    Found,
+    commit,
+    records_file,
+    scan,
+    step_dir,
+    tmp_dir,
+    write_json,
+)
 from labkit.step.record import StepRecord
 
 
@@ -65,9 +75,8 @@ class Checkpointer:
         """This rank's records of the steps done, from the checkpoint. Saved on another rank
         count, a rank gets a saved rank's records with the loss of the whole batch (the
         mean over the saved ranks' slices), so the report's losses stay the run's."""
-        import json
-
-        saved = json.loads((found.path / RECORDS).read_text())
+        saved = [json.loads((found.path / records_file(r)).read_text())
+                 for r in range(found.marker["world_size"])]
         rank = self.run.rank
         if len(saved) == self.run.world_size:
             mine = [dict(r) for r in saved[rank]]
@@ -100,10 +109,9 @@ class Checkpointer:
         seconds = time.perf_counter() - start
         nbytes = sum(f.stat().st_size for f in tmp.glob(f"__{rank}_*.distcp"))
         records[-1].extras.update(checkpoint_s=seconds, checkpoint_bytes=nbytes)
-        mine = [r.to_dict() for r in records]
-        gathered = [None] * self.run.world_size if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        write_json(tmp / records_file(rank), [r.to_dict() for r in records])
+        dist.barrier()  # every rank's shard and records are written
         if rank == 0:
             commit(tmp, step_dir(self.root, done), done, self.config_dict,
-                   self.run.world_size, str(self.run.layout), gathered)
+                   self.run.world_size, str(self.run.layout))
         dist.barrier()  # nobody reads or saves again before the checkpoint is visible

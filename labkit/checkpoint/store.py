@@ -4,7 +4,7 @@
         step-00000004/               a complete checkpoint: 4 steps done
             __0_0.distcp ...         DCP's files, one per rank (``FileSystemWriter``)
             .metadata                DCP's index of every tensor's shards
-            records.json             every rank's step records so far
+            records-0.json ...       each rank's step records so far
             COMPLETE.json            written last: the run's fingerprint, the step, each
                                      file's size
         step-00000008.tmp/           a save under way (or killed): never read
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "COMPLETE.json"
-RECORDS = "records.json"
 _NAME = re.compile(r"^step-(\d{8})$")
 
 # Fields that may change between a run and its resumption: how the run is laid out (DCP
@@ -50,6 +49,10 @@ def fingerprint(config_dict: dict) -> dict:
     """What makes two runs the same run: a ``TrainConfig.to_dict()`` without the fields
     that may change on resumption."""
     return {k: v for k, v in config_dict.items() if k not in _FREE_FIELDS}
+
+
+def records_file(rank: int) -> str:
+    return f"records-{rank}.json"
 
 
 def step_dir(root, step: int) -> Path:
@@ -152,10 +155,9 @@ def write_json(path: Path, data) -> None:
 
 
 def commit(tmp: Path, final: Path, step: int, config_dict: dict, world_size: int,
-           layout: str, records: list) -> None:
-    """Rank 0, after every rank's shard is written: records, then the marker (the file
+           layout: str) -> None:
+    """Rank 0, after every rank's shard and records are written: the marker (the file
     sizes as they are now), then the rename that makes the checkpoint visible."""
-    write_json(tmp / RECORDS, records)
     files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
     write_json(tmp / MARKER, {"step": step, "fingerprint": fingerprint(config_dict),
                               "world_size": world_size, "layout": layout, "files": files})
