@@ -124,12 +124,12 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
         with tracker.label_as("parameters"):  # a cap too small for the weights says so
             built = build(run, config)
         relabel_live(tracker, "parameters")  # the real weights are filed again just below
-        tracker.track_external(*built.modules, built.optimizer)
+        saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
+        start, records = saver.resume() if saver else (0, [])  # (steps done, their records)
+        tracker.track_external(*built.modules, built.optimizer)  # loaded state included
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
         for observer in observers:
             observer.on_build(run, built, config)
-        saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
-        start, records = saver.resume() if saver else (0, [])  # (steps done, their records)
         tracked_until = min(config.steps, start + MEMORY_STEPS)
         _steps(run, config, built, observers, range(start, tracked_until), True, records,
                saver)
