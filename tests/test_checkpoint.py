@@ -157,3 +157,37 @@ def test_checkpoint_fields_are_checked_before_any_rank_starts(two, tmp_path):
                      estimate=False)
     marker = json.loads((tmp_path / "new" / "step-00000001" / "COMPLETE.json").read_text())
     assert marker["step"] == 1 and marker["world_size"] == 2
+
+
+def _train_killed_while_saving(ctx, config_dict: dict, at_step: int):
+    """``train_on_rank`` with rank 0 SIGKILLed while the save after ``at_step`` steps
+    commits: every shard is written, the marker and the rename are not."""
+    from labkit.checkpoint import session
+
+    original = session.commit
+
+    def commit(tmp, final, step, *args):
+        if step == at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(tmp, final, step, *args)
+
+    session.commit = commit
+    try:
+        return loop.train_on_rank(ctx, config_dict)
+    finally:
+        session.commit = original
+
+
+def test_a_save_killed_half_way_is_never_the_latest(two, tmp_path):
+    config = _config(strategy="fsdp", checkpoint_dir=tmp_path, checkpoint_every=2)
+    reference = labkit.train(two, config.replace(checkpoint_dir=None, checkpoint_every=None),
+                             estimate=False)
+    with pytest.raises(labkit.RankError, match="rank 0"):
+        two.run(_train_killed_while_saving, config.to_dict(), 4, timeout=120)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002",
+                                                          "step-00000004.tmp"]
+    report = labkit.train(two, config, estimate=False)
+    _resumed(report, 2)
+    _assert_identical(reference, report)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000002", "step-00000004", "step-00000005"]
