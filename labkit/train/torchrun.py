@@ -16,10 +16,12 @@ import argparse
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from labkit.checkpoint.rules import check_checkpointing
 from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
 from labkit.layout import STRATEGIES, Layout, check_run, layout_for
@@ -35,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm"])
     parser.add_argument("--params", type=float, help="size the model to about this many "
                         "parameters (default: the zoo's default size)")
-    parser.add_argument("--strategy", default="ddp", choices=STRATEGIES)
+    parser.add_argument("--strategy", default=["ddp"], choices=STRATEGIES, nargs="+",
+                        help="one or more strategies, trained one after another in the same "
+                             "processes (with several, each report goes to OUT with the "
+                             "strategy's name before its suffix: report.fsdp.json)")
     parser.add_argument("--layout", help="degrees instead of a strategy, e.g. dp=2,tp=2 or "
                         "pp=2,dp=2,schedule=gpipe (their product: the number of processes)")
     parser.add_argument("--global-batch", type=int, default=64)
@@ -44,10 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--micro-batches", type=int, default=1)
-    parser.add_argument("--grad-accumulation", type=int, default=1,
-                        help="micro-steps per optimizer step")
-    parser.add_argument("--activation-checkpointing", action="store_true",
-                        help="recompute each block's activations in backward")
+    parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here, and resume "
+                        "from the newest one of this run found here")
+    parser.add_argument("--checkpoint-every", type=int,
+                        help="save every this many steps (default: after the last step)")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -64,15 +69,27 @@ def parse_layout(text: str) -> Layout:
         raise ValueError(f"cannot read layout {text!r}: write e.g. dp=2,tp=2 ({exc})") from exc
 
 
-def _config(args) -> TrainConfig:
+def _configs(args) -> list[tuple[TrainConfig, str]]:
+    """Each run asked for, with where its report goes."""
     model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
-    parallel = ({"layout": parse_layout(args.layout)} if args.layout
-                else {"strategy": args.strategy})
-    return TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
-                       lr=args.lr, optimizer=args.optimizer, precision=args.precision,
-                       micro_batches=args.micro_batches,
-                       grad_accumulation=args.grad_accumulation,
-                       activation_checkpointing=args.activation_checkpointing, **parallel)
+    strategies = [args.strategy] if isinstance(args.strategy, str) else args.strategy
+    parallels = ([{"layout": parse_layout(args.layout)}] if args.layout
+                 else [{"strategy": name} for name in strategies])
+    out = Path(args.out)
+    runs = []
+    for parallel in parallels:
+        config = TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
+                             lr=args.lr, optimizer=args.optimizer, precision=args.precision,
+                             micro_batches=args.micro_batches,
+                             grad_accumulation=args.grad_accumulation,
+                             activation_checkpointing=args.activation_checkpointing,
+                             checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                             checkpoint_every=getattr(args, "checkpoint_every", None),
+                             **parallel)
+        path = (out if len(parallels) == 1
+                else out.with_name(f"{out.stem}.{config.label}{out.suffix}"))
+        runs.append((config, str(path)))
+    return runs
 
 
 def _device(args) -> torch.device:
@@ -96,36 +113,46 @@ def _join(device: torch.device) -> str:
     return backend
 
 
+def _train(config: TrainConfig, out: str, ctx: RankContext, estimate) -> None:
+    """One run on this process's rank; rank 0 writes its report to ``out``."""
+    rank, world_size = ctx.rank, ctx.world_size
+    result = train_on_rank(ctx, config.to_dict())
+    result["host"] = socket.gethostname()
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
+    if rank == 0:
+        hosts = sorted({r["host"] for r in gathered})
+        report = TrainReport(config, world_size, ctx.device.type, ctx.backend,
+                             ctx.oversubscribed, gathered, estimate,
+                             where=f"measured under torchrun on {', '.join(hosts)}")
+        report.save(out)
+        split = report.split()
+        print(f"{config.label} x{world_size}: loss {report.losses[0]:.4f} -> "
+              f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
+              f"{report.samples_per_s:.0f} samples/s; report written to {out}", flush=True)
+
+
 def main(args) -> int:
-    config = _config(args)  # bad arguments fail here, before any collective
+    runs = _configs(args)  # bad arguments fail here, before any collective
     device = _device(args)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    check_run(config, layout_for(config, world_size), world_size, device.type, backend)
+    for config, _ in runs:
+        layout = layout_for(config, world_size)
+        check_run(config, layout, world_size, device.type, backend)
+        check_checkpointing(config, layout)
     # The estimate traces on a process group of its own: before this process joins one.
-    estimate = (estimate_memory(config, world_size).to_dict()
-                if int(os.environ.get("RANK", 0)) == 0 else None)
+    first = int(os.environ.get("RANK", 0)) == 0
+    estimates = [estimate_memory(config, world_size).to_dict() if first else None
+                 for config, _ in runs]
     _join(device)
-    rank = dist.get_rank()
     try:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
-        ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
-                          MemoryTracker(rank))
-        result = train_on_rank(ctx, config.to_dict())
-        result["host"] = socket.gethostname()
-        gathered = [None] * world_size if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
-        if rank == 0:
-            hosts = sorted({r["host"] for r in gathered})
-            report = TrainReport(config, world_size, device.type, backend, oversubscribed,
-                                 gathered, estimate,
-                                 where=f"measured under torchrun on {', '.join(hosts)}")
-            report.save(args.out)
-            split = report.split()
-            print(f"{config.label} x{world_size}: loss {report.losses[0]:.4f} -> "
-                  f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
-                  f"{report.samples_per_s:.0f} samples/s; report written to {args.out}")
+        ctx = RankContext(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
+                          oversubscribed, MemoryTracker(dist.get_rank()))
+        for (config, out), estimate in zip(runs, estimates, strict=True):
+            _train(config, out, ctx, estimate)
     finally:
         dist.destroy_process_group()
     return 0
