@@ -54,3 +54,24 @@ def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
         True, True, False]
     assert sorted(p.name for p in Path(ckpt).iterdir()) == [
         "step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_every_training_option_reaches_the_config_from_the_command_line():
+    """Each TrainConfig option torchrun offers lands in the run's config (read without
+    starting torchrun: the parser and the configs it makes)."""
+    import argparse
+
+    from labkit.train.torchrun import _configs, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([
+        "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
+        "--precision", "mixed", "--micro-batches", "1", "--grad-accumulation", "2",
+        "--activation-checkpointing", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2"])
+    [(config, out)] = _configs(args)
+    assert (config.layout, config.global_batch, config.steps) == (
+        labkit.Layout(fsdp=2, tp=2), 32, 3)
+    assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
+        "mixed", 2, True)
+    assert (config.checkpoint_dir, config.checkpoint_every, out) == ("ckpt", 2, "report.json")

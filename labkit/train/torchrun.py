@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--grad-accumulation", type=int, default=1,
+                        help="micro-steps per optimizer step")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each block's activations in backward")
     parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here, and resume "
                         "from the newest one of this run found here")
     parser.add_argument("--checkpoint-every", type=int,
