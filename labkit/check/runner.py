@@ -129,18 +129,10 @@ def resized(cluster, world_size: int):
     after an error or a KeyboardInterrupt). Ranks past the cores are fine here: a check
     measures values and bytes, not times, so the oversubscription warning is not shown
     (it would go to stderr, which nbgrader counts as a failure)."""
-    original = cluster.world_size
-
-    def resize(n: int) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OversubscriptionWarning)
-            cluster.resize(n)
-
-    try:  # the stop button may be pressed while the ranks start, too
-        resize(world_size)
-        yield cluster
-    finally:
-        resize(original)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OversubscriptionWarning)
+        with cluster.resized(world_size):
+            yield cluster
 
 
 def at_two_sizes(cluster, check_once) -> CheckResult:

@@ -184,9 +184,9 @@ class Cluster:
         """``with cluster.resized(n):`` work on ``n`` ranks, then return to the rank count
         the cluster had (the explorers measure each setting this way)."""
         original = self.world_size
-        if world_size != original:
-            self.resize(world_size)
-        try:
+        try:  # the stop button may be pressed while the ranks start, too
+            if world_size != original:
+                self.resize(world_size)
             yield self
         finally:
             if not self.closed and self.world_size != original:
