@@ -121,3 +121,22 @@ def test_scaling_explorer_redraws_when_the_gpu_count_moves():
         box.runner.wait(timeout=60)
         assert cluster.world_size == 1  # measured on 2 ranks, then back to the count it had
         assert box.plot.outputs[0]["data"]["image/png"] != before
+
+
+def test_every_training_option_reaches_the_config_from_torchrun_s_command_line():
+    """Each TrainConfig option ``python -m labkit train`` offers lands in the run's config
+    (read without starting torchrun: the parser and the config it makes)."""
+    import argparse
+
+    from labkit.train.torchrun import _config, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = _config(parser.parse_args([
+        "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
+        "--lr", "0.01", "--optimizer", "sgd", "--precision", "mixed", "--micro-batches", "1",
+        "--grad-accumulation", "2", "--activation-checkpointing"]))
+    assert (config.layout, config.global_batch, config.steps, config.lr, config.optimizer) == (
+        labkit.Layout(fsdp=2, tp=2), 32, 3, 0.01, "sgd")
+    assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
+        "mixed", 2, True)
