@@ -323,3 +323,14 @@ def test_place_tables_both_ways(two):
 def test_a_check_refuses_a_cluster_it_cannot_use(one):
     assert "at least 2 ranks" in verdict(labkit.check.ring_all_reduce, one, one_call)
     assert "2-rank cluster" in verdict(labkit.check.pipeline_step, one, whole_batch_at_once)
+
+
+def test_gradient_checks_say_which_rank_counts_split_their_batch():
+    """Both gradient checks refuse a rank count that does not divide their batch, with a
+    verdict that names the counts that do (no job is sent to the ranks)."""
+    with labkit.Cluster(3, device="cpu", progress=False) as three:
+        for check, answer in ((labkit.check.average_gradients, lambda ctx, model: None),
+                              (labkit.check.bucket_hook, lambda state, bucket: None)):
+            found = check(three, answer)
+            assert found.status == "failed", found
+            assert found.summary == "the check splits 32 samples: use 1, 2, 4 or 8 ranks"

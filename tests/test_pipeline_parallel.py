@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+
 import pytest
 
 import labkit
@@ -83,10 +86,15 @@ def test_four_stages_and_their_timeline(one):
 
 
 def test_bubble_follows_the_formula_and_shrinks_with_micro_batches(two):
+    # The median over steps: on a shared 2-core machine one step can be stretched by another
+    # process (a CI run once measured 0.45 for GPipe's 0.2 on a single step).
+    config = dataclasses.replace(HEAVY, steps=5)
     measured = {}
     for schedule, m in [("naive_pipeline", 1), ("gpipe", 4)]:
-        report = labkit.train(two, HEAVY, strategy=schedule, micro_batches=m)
-        measured[m] = bubble_fraction([r["records"][-1]["timeline"] for r in report.ranks])
+        report = labkit.train(two, config, strategy=schedule, micro_batches=m)
+        measured[m] = statistics.median(
+            bubble_fraction([r["records"][step]["timeline"] for r in report.ranks])
+            for step in range(1, config.steps))
     assert abs(measured[1] - theoretical_bubble(2, 1)) < 0.1
     assert measured[4] < measured[1] - 0.1
     assert labkit.plots.plot_gantt(report).axes

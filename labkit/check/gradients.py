@@ -118,10 +118,16 @@ def _verdict(exercise: str, ranks: list[dict], world_size: int, pattern) -> Chec
 
 def average_gradients(cluster, fn, timeout: float | None = None) -> CheckResult:
     """Check ``fn(ctx, model)`` (averages the gradients in place) on every rank."""
-    exercise = "average_gradients"
+    return _where_the_batch_splits(cluster, "average_gradients",
+                                   lambda: _average_once(cluster, fn, timeout))
+
+
+def _where_the_batch_splits(cluster, exercise: str, check_once) -> CheckResult:
+    """``check_once`` at two rank counts (``at_two_sizes``), on a cluster whose rank count
+    divides the check's batch; otherwise a verdict that says which counts do."""
     if BATCH % cluster.world_size:
         return failed(exercise, f"the check splits {BATCH} samples: use 1, 2, 4 or 8 ranks")
-    return at_two_sizes(cluster, lambda: _average_once(cluster, fn, timeout))
+    return at_two_sizes(cluster, check_once)
 
 
 def _average_once(cluster, fn, timeout: float | None) -> CheckResult:
@@ -144,10 +150,8 @@ def _average_once(cluster, fn, timeout: float | None) -> CheckResult:
 
 def bucket_hook(cluster, hook, timeout: float | None = None) -> CheckResult:
     """Check a DDP communication hook ``hook(state, bucket) -> Future`` on every rank."""
-    exercise = "bucket_hook"
-    if BATCH % cluster.world_size:
-        return failed(exercise, f"the check splits {BATCH} samples: use 1, 2, 4 or 8 ranks")
-    return at_two_sizes(cluster, lambda: _hook_once(cluster, hook, timeout))
+    return _where_the_batch_splits(cluster, "bucket_hook",
+                                   lambda: _hook_once(cluster, hook, timeout))
 
 
 def _hook_once(cluster, hook, timeout: float | None) -> CheckResult:
