@@ -3,7 +3,6 @@ count it continues; damaged, partial or foreign checkpoints are passed over or r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -63,25 +62,25 @@ def _resumed(report, at: int) -> None:
         assert marks == [True] * at + [False] * (STEPS - at)
 
 
-# Layout(fsdp=2, tp=2) on 4 ranks resumes bit for bit too when run as a script or under
-# `pytest -s` / `--capture=sys`, but under pytest's default fd capture all 4 ranks hang in
-# the first all_gather of dcp.save's planning (gather_object on the default group), with or
-# without labkit's memory tracker; not understood yet, so it is not in this list.
+@pytest.fixture(scope="module")
+def four():
+    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
 @pytest.mark.parametrize("parallel, how", [
     ({"strategy": "ddp"}, "raise"), ({"strategy": "fsdp"}, "kill"),
-    ({"strategy": "tp"}, "raise")],
-    ids=["ddp-exception", "fsdp-sigkill", "tp-exception"])
-def test_a_killed_run_resumes_bit_for_bit(two, tmp_path, parallel, how):
+    ({"strategy": "tp"}, "raise"), ({"layout": labkit.Layout(fsdp=2, tp=2)}, "raise")],
+    ids=["ddp-exception", "fsdp-sigkill", "tp-exception", "fsdp2-tp2-exception"])
+def test_a_killed_run_resumes_bit_for_bit(request, tmp_path, parallel, how):
     world = parallel["layout"].size if "layout" in parallel else 2
-    with contextlib.ExitStack() as stack:
-        cluster = two if world == 2 else stack.enter_context(
-            labkit.Cluster(world, device="cpu", progress=False))
-        reference = labkit.train(cluster, _config(**parallel), estimate=False)
-        config = _config(**parallel, checkpoint_dir=tmp_path / "ck", checkpoint_every=2)
-        _crash(cluster, config, fail_rank=1, fail_step=3, how=how)
-        assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000002"]
-        report = labkit.train(cluster, config, estimate=False)
-        again = labkit.train(cluster, config, estimate=False)  # finished: nothing to run
+    cluster = request.getfixturevalue("two" if world == 2 else "four")
+    reference = labkit.train(cluster, _config(**parallel), estimate=False)
+    config = _config(**parallel, checkpoint_dir=tmp_path / "ck", checkpoint_every=2)
+    _crash(cluster, config, fail_rank=1, fail_step=3, how=how)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000002"]
+    report = labkit.train(cluster, config, estimate=False)
+    again = labkit.train(cluster, config, estimate=False)  # finished: nothing to run
     _resumed(report, 2)
     _assert_identical(reference, report)
     saved = [r["records"][1]["checkpoint_bytes"] for r in report.ranks]
@@ -107,6 +106,45 @@ def test_resume_on_fewer_ranks_continues_the_run(one, two, tmp_path, strategy):
     for name, tensor in reference.ranks[0]["weights"].items():
         torch.testing.assert_close(report.ranks[0]["weights"][name], tensor, rtol=1e-4,
                                    atol=1e-6)
+
+
+# Saved on 4 ranks, resumed on 2 (DCP reshards every tensor to the new layout).
+@pytest.mark.parametrize("saved, resumed", [
+    ({"strategy": "ddp"}, {"strategy": "ddp"}),
+    ({"strategy": "fsdp"}, {"strategy": "fsdp"}),
+    ({"strategy": "tp"}, {"strategy": "tp"}),
+    ({"layout": labkit.Layout(fsdp=2, tp=2)}, {"layout": labkit.Layout(tp=2)})],
+    ids=["ddp", "fsdp", "tp", "fsdp2-tp2-to-tp2"])
+def test_saved_on_four_ranks_resumes_on_two(four, two, tmp_path, saved, resumed):
+    reference = labkit.train(four, _config(**saved), estimate=False)
+    labkit.train(four, _config(**saved, steps=2, checkpoint_dir=tmp_path), estimate=False)
+    report = labkit.train(two, _config(**resumed, checkpoint_dir=tmp_path), estimate=False)
+    _resumed(report, 2)
+    assert report.ranks[0]["records"][0]["saved_on_ranks"] == 4
+    assert report.losses[:2] == reference.losses[:2]
+    # Another split of the batch (and of the matmuls under tp) rounds differently (~1e-7).
+    assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+    assert report.losses[2] != report.losses[0]  # the run went on from the saved weights
+
+
+def test_async_saves_resume_bit_for_bit(two, tmp_path):
+    """``dcp.async_save``: training goes on while a thread writes; the checkpoints are the
+    blocking ones' and resume the same."""
+    reference = labkit.train(two, _config(strategy="fsdp"), estimate=False)
+    config = _config(strategy="fsdp", checkpoint_dir=tmp_path, checkpoint_every=1,
+                     checkpoint_async=True, steps=3)
+    first = labkit.train(two, config, estimate=False)
+    assert first.losses == reference.losses[:3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000001", "step-00000002", "step-00000003"]
+    for record in first.ranks[1]["records"]:
+        assert record["checkpoint_write_s"] >= record["checkpoint_s"] > 0
+        assert record["checkpoint_bytes"] > 0
+    report = labkit.train(two, config.replace(steps=STEPS), estimate=False)
+    _resumed(report, 3)
+    _assert_identical(reference, report)
+    with pytest.raises(ValueError, match="needs a checkpoint_dir"):
+        labkit.TrainConfig(checkpoint_async=True)
 
 
 def test_damaged_partial_and_foreign_checkpoints(two, tmp_path):

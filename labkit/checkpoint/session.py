@@ -5,7 +5,15 @@ DCP's ``dcp.save`` of this rank's shards into ``step-N.tmp``; each rank writes i
 beside its shard; then rank 0 commits the folder (``store.commit``: marker last, then the
 rename).
 The time of ``dcp.save`` and the bytes of this rank's file are added to the step's record
-(``checkpoint_s``, ``checkpoint_bytes``). Batches are made from (seed, step), so the step
+(``checkpoint_s``, ``checkpoint_bytes``).
+
+With ``config.checkpoint_async`` the save is DCP's ``dcp.async_save``: the state is copied
+to host memory, then a background thread plans and writes it over a gloo group of its own
+(so its collectives never interleave with training's), while training goes on. The step's
+``checkpoint_s`` is then the time training was held up (the copy), ``checkpoint_write_s`` the
+time until the files were written; rank 0 commits from DCP's thread once they are. The
+records saved with it stop before that save's own times. The next save, and the end of the
+run, wait for it. Batches are made from (seed, step), so the step
 is the data position: a resumed run sees exactly the batches the lost one would have.
 """
 
@@ -15,6 +23,7 @@ import json
 import math
 import shutil
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +54,9 @@ class Checkpointer:
         self.model = ModelAndOptimizer(built.parts[0], built.optimizer)
         self.rng = RandomState(run.device)
         self.resumed_from: str | None = None
+        # DCP's background thread needs a group of its own (collective on every rank).
+        self.async_group = dist.new_group(backend="gloo") if config.checkpoint_async else None
+        self.pending = None  # (future, done, records snapshot, started) of an async save
 
     # ----- resuming ------------------------------------------------------------------
     def resume(self) -> tuple[int, list[StepRecord]]:
@@ -98,20 +110,64 @@ class Checkpointer:
     def save(self, done: int, records: list[StepRecord]) -> None:
         """Save after ``done`` steps; ``records`` are this rank's so far (the last one gets
         the save's time and bytes)."""
+        self.finish()  # an async save still under way is committed first
         tmp, rank = tmp_dir(self.root, done), self.run.rank
         if rank == 0:
             if tmp.exists():  # a save killed before it finished
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         dist.barrier()
+        state = {"train": self.model, rng_key(rank): self.rng}
+        if self.async_group is not None:
+            return self._save_async(done, records, state)
         start = time.perf_counter()
-        dcp.save({"train": self.model, rng_key(rank): self.rng}, checkpoint_id=tmp)
-        seconds = time.perf_counter() - start
-        nbytes = sum(f.stat().st_size for f in tmp.glob(f"__{rank}_*.distcp"))
-        records[-1].extras.update(checkpoint_s=seconds, checkpoint_bytes=nbytes)
+        dcp.save(state, checkpoint_id=tmp)
+        records[-1].extras["checkpoint_s"] = time.perf_counter() - start
+        records[-1].extras["checkpoint_bytes"] = _shard_bytes(tmp, rank)
         write_json(tmp / records_file(rank), [r.to_dict() for r in records])
         dist.barrier()  # every rank's shard and records are written
         if rank == 0:
-            commit(tmp, step_dir(self.root, done), done, self.config_dict,
-                   self.run.world_size, str(self.run.layout))
+            self._commit(done)
         dist.barrier()  # nobody reads or saves again before the checkpoint is visible
+
+    def _save_async(self, done: int, records: list[StepRecord], state: dict) -> None:
+        """Start ``dcp.async_save``; rank 0 commits from DCP's thread once it is written
+        (DCP's last collective has every rank's writes done by then)."""
+        tmp = tmp_dir(self.root, done)
+        write_json(tmp / records_file(self.run.rank), [r.to_dict() for r in records])
+        start = time.perf_counter()
+        future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.async_group)
+        record = records[-1]  # this step's (the list grows while the thread writes)
+        record.extras["checkpoint_s"] = time.perf_counter() - start  # training held up
+        written = threading.Event()
+
+        def on_written(result) -> None:
+            record.extras["checkpoint_write_s"] = time.perf_counter() - start
+            if result.exception() is None and self.run.rank == 0:
+                self._commit(done)
+            written.set()
+
+        future.add_done_callback(on_written)
+        self.pending = (future, written, done, record)
+        if done == self.config.steps:
+            self.finish()  # the run's last checkpoint is on disk before it returns
+
+    def finish(self) -> None:
+        """Wait until an async save under way is written and committed."""
+        if self.pending is None:
+            return
+        future, written, done, record = self.pending
+        self.pending = None
+        future.result()  # raises what the save raised
+        written.wait()
+        dist.barrier()  # rank 0 has committed
+        record.extras["checkpoint_bytes"] = _shard_bytes(step_dir(self.root, done),
+                                                         self.run.rank)
+
+    def _commit(self, done: int) -> None:
+        commit(tmp_dir(self.root, done), step_dir(self.root, done), done, self.config_dict,
+               self.run.world_size, str(self.run.layout))
+
+
+def _shard_bytes(folder: Path, rank: int) -> int:
+    return sum(f.stat().st_size for f in folder.glob(f"__{rank}_*.distcp"))

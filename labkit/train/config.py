@@ -50,6 +50,8 @@ class TrainConfig:
             and resume from the newest good one of this run found here (``labkit/checkpoint``).
         checkpoint_every: save after every this many steps (and after the last step); None
             saves after the last step only. Needs ``checkpoint_dir``.
+        checkpoint_async: save with ``dcp.async_save``: training goes on while a
+            background thread writes the checkpoint (it is committed before the next save).
     """
 
     model: ModelConfig = field(default_factory=MLPConfig)
@@ -68,6 +70,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
+    checkpoint_async: bool = False
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -135,3 +138,7 @@ def _check_checkpoint_fields(config: TrainConfig) -> None:
         if config.checkpoint_dir is None:
             raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
                              f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
+    fields.flag(config, "checkpoint_async")
+    if config.checkpoint_async and config.checkpoint_dir is None:
+        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
+                         "TrainConfig.checkpoint_dir")

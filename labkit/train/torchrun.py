@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "from the newest one of this run found here")
     parser.add_argument("--checkpoint-every", type=int,
                         help="save every this many steps (default: after the last step)")
+    parser.add_argument("--checkpoint-async", action="store_true",
+                        help="save with dcp.async_save while training goes on")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -89,6 +91,7 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
                              activation_checkpointing=args.activation_checkpointing,
                              checkpoint_dir=getattr(args, "checkpoint_dir", None),
                              checkpoint_every=getattr(args, "checkpoint_every", None),
+                             checkpoint_async=getattr(args, "checkpoint_async", False),
                              **parallel)
         path = (out if len(parallels) == 1
                 else out.with_name(f"{out.stem}.{config.label}{out.suffix}"))
