@@ -1,11 +1,15 @@
-"""Every kind of strategy under torchrun (several in one launch, to start torch once), and a
-checkpointed run under torchrun resumed by a second launch."""
+"""Every kind of strategy under torchrun (several in one launch, to start torch once), a
+checkpointed run under torchrun resumed by a second launch, a worker killed mid-run and
+restarted by torchrun (--max-restarts), two torchrun "nodes" on this machine, and the Slurm
+batch script's launch command."""
 
 from __future__ import annotations
 
 import math
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +21,10 @@ TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 STRATEGIES = ["ddp", "zero1", "fsdp", "tp", "gpipe"]
 
 
-def _torchrun(cwd: Path, *args: str) -> str:
+def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = ()) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "labkit", "train",
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", *launcher, "-m", "labkit", "train",
          "--model", "mlp", "--global-batch", "16", *args], cwd=cwd, capture_output=True,
         text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -75,3 +79,81 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
     assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
         "mixed", 2, True)
     assert (config.checkpoint_dir, config.checkpoint_every, out) == ("ckpt", 2, "report.json")
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_run_resumes_exactly(two, tmp_path):
+    """Rank 1 is SIGKILLed after 3 steps (a planted failure); torchrun restarts the workers
+    (--max-restarts 1) and the run resumes from its step-2 checkpoint: the same losses as a
+    run never interrupted, bit for bit."""
+    ckpt = tmp_path / "ckpt"
+    _torchrun(tmp_path, "--strategy", "ddp", "--steps", "5", "--checkpoint-dir",
+                    str(ckpt), "--checkpoint-every", "2", "--kill-rank-at-step", "1", "3",
+                    "--out", str(tmp_path / "r.json"), launcher=("--max-restarts", "1"))
+    report = labkit.TrainReport.load(tmp_path / "r.json")
+    reference = labkit.train(two, labkit.TrainConfig(model="mlp", strategy="ddp",
+                                                     global_batch=16, steps=5),
+                             estimate=False)
+    # One launch into an empty folder, resumed at step 2: its workers were started again.
+    assert report.ranks[0]["resumed_at"] == 2 and report.losses == reference.losses
+    assert [r.get("from_checkpoint", False) for r in report.ranks[1]["records"]] == [
+        True, True, False, False, False]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "step-00000002", "step-00000004", "step-00000005"]
+
+
+def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
+    """``--nnodes 2``: two launchers (two "nodes" on this machine), one process each, one
+    c10d rendezvous endpoint; one run of 2 ranks, its report written by global rank 0."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m",
+               "labkit", "train", "--model", "mlp", "--global-batch", "16", "--strategy",
+               "fsdp", "--steps", "2", "--out", str(tmp_path / "r.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    report = labkit.TrainReport.load(tmp_path / "r.json")
+    assert report.world_size == 2 and report.steps == 2
+    assert all(math.isfinite(loss) for loss in report.losses)
+
+
+def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(tmp_path):
+    """``scripts/slurm/train.sbatch``: bash syntax; its launch command (printed by a dry run
+    with a stand-in ``scontrol``) is read by torchrun's own parser and labkit's, and the run
+    it asks for passes labkit's checks for its rank count."""
+    import argparse
+
+    from torch.distributed.run import get_args_parser
+
+    from labkit.layout import check_run, layout_for
+    from labkit.train.torchrun import _configs, add_arguments
+
+    script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho gpu-node-1\necho gpu-node-2\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "lk", "SLURM_JOB_NODELIST": "gpu-node-[1-2]",
+           "LABKIT_DRY_RUN": "1"}
+    printed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                             check=True).stdout
+    command = shlex.split(printed)
+    assert command[0] == "torchrun"
+    launcher = get_args_parser().parse_args(command[1:])
+    assert (launcher.nnodes, launcher.nproc_per_node, launcher.rdzv_endpoint) == (
+        "2", "8", "gpu-node-1:29500")
+    assert launcher.max_restarts == 3 and launcher.module
+    assert launcher.training_script == "labkit" and launcher.training_script_args[0] == "train"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
+    check_run(config, layout_for(config, 16), 16, "cuda", "nccl")
+    assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every

@@ -13,13 +13,18 @@ Run without torchrun, it trains on one process.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import socket
+import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 from labkit.checkpoint.rules import check_checkpointing
 from labkit.cluster.hardware import physical_cores
@@ -59,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save every this many steps (default: after the last step)")
     parser.add_argument("--checkpoint-async", action="store_true",
                         help="save with dcp.async_save while training goes on")
+    parser.add_argument("--kill-rank-at-step", type=int, nargs=2, metavar=("RANK", "STEP"),
+                        help="a planted failure, to try restarts: rank RANK kills itself "
+                        "(SIGKILL) once STEP steps are done, in the first attempt only "
+                        "(torchrun --max-restarts N restarts it; with --checkpoint-dir the "
+                        "run resumes from its last checkpoint)")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -113,11 +123,44 @@ def _join(device: torch.device) -> str:
         torch.set_num_threads(1)  # a virtual GPU: one core
     backend = "nccl" if device.type == "cuda" else "gloo"
     if "WORLD_SIZE" in os.environ:  # started by torchrun: env:// rendezvous
-        dist.init_process_group(backend, timeout=timedelta(minutes=10),
+        timeout = timedelta(minutes=10)
+        store, rank, world_size = next(rendezvous("env://", timeout=timeout))
+        # torchrun keeps one store across restarts (--max-restarts): without a prefix per
+        # attempt, a restarted rank reads the dead attempt's addresses and cannot connect.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt-{attempt}", store),
+                                rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return backend
+
+
+@dataclass
+class _PlantedFailure(RankContext):
+    """A rank that SIGKILLs itself once ``kill_at`` steps are done (``--kill-rank-at-step``),
+    as a GPU that dies would take its process down: no exception, no goodbye."""
+
+    kill_at: int = 0
+
+    def progress(self, done: int, total: int, desc: str = "") -> None:
+        if done == self.kill_at:
+            print(f"rank {self.rank}: planted failure, killed after {done} steps",
+                  file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().progress(done, total, desc)
+
+
+def _context(args):
+    """The RankContext class of this process: a planted failure's on the rank it names, in
+    torchrun's first attempt (its restarts run clean)."""
+    if args.kill_rank_at_step is None:
+        return RankContext
+    rank, step = args.kill_rank_at_step
+    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
+    if not first_attempt or int(os.environ.get("RANK", 0)) != rank:
+        return RankContext
+    return functools.partial(_PlantedFailure, kill_at=step)
 
 
 def _train(config: TrainConfig, out: str, ctx: RankContext, estimate) -> None:
@@ -143,6 +186,11 @@ def main(args) -> int:
     runs = _configs(args)  # bad arguments fail here, before any collective
     device = _device(args)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.kill_rank_at_step is not None:
+        rank, step = args.kill_rank_at_step
+        if not 0 <= rank < world_size or step < 1:
+            raise ValueError(f"--kill-rank-at-step {rank} {step}: the rank must be one of 0.."
+                             f"{world_size - 1} and the step at least 1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     for config, _ in runs:
         layout = layout_for(config, world_size)
@@ -156,8 +204,8 @@ def main(args) -> int:
     try:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
-        ctx = RankContext(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
-                          oversubscribed, MemoryTracker(dist.get_rank()))
+        ctx = _context(args)(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
+                             oversubscribed, MemoryTracker(dist.get_rank()))
         for (config, out), estimate in zip(runs, estimates, strict=True):
             _train(config, out, ctx, estimate)
     finally:
