@@ -85,9 +85,18 @@ def simulate(interval_s: float, save_s: float, mtbf_s: float, work_s: float,
     failures = 0
     until_failure = rng.expovariate(1 / mtbf_s)
     while done < work_s:
+        whole = math.floor((work_s - done) / interval_s)  # full segments left
+        k = min(whole, math.floor(until_failure / (interval_s + save_s)))
+        if k:  # k segments (work, then its save) end before the next failure
+            until_failure -= k * (interval_s + save_s)
+            done += k * interval_s
+            saving += k * save_s
+            continue
         work = min(interval_s, work_s - done)
-        segment = work + save_s  # work, then its save
-        if until_failure >= segment:
+        if work <= 1e-12 * work_s:
+            break
+        segment = work + save_s
+        if until_failure >= segment:  # the last, shorter segment
             until_failure -= segment
             done += work
             saving += save_s
