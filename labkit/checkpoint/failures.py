@@ -66,13 +66,13 @@ def _fail_on_rank(ctx, config_dict: dict, rank: int, at_step: int, how: str) -> 
         ctx.__dict__.pop("progress", None)
 
 
-def run_with_failure(cluster, config, rank: int, at_step: int, how: str = "kill",
-                     hang_timeout: float = 20.0) -> Recovery:
-    """Train ``config`` with rank ``rank`` failing after ``at_step`` steps, then recover."""
-    import labkit
-
+def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
+              hang_timeout: float = 20.0) -> str:
+    """Train ``config`` (resuming from its checkpoints) with rank ``rank`` failing after
+    ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
+    timeout when ``how="hang"`` (longer than the steps before the failure take)."""
     if config.checkpoint_dir is None:
-        raise ValueError("run_with_failure needs a config with a checkpoint_dir to resume from")
+        raise ValueError("a planted failure needs a config with a checkpoint_dir to resume from")
     if how not in HOWS:
         raise ValueError(f"unknown failure {how!r}: choose one of {', '.join(HOWS)}")
     if not 0 <= rank < cluster.world_size or not 1 <= at_step < config.steps:
@@ -82,9 +82,17 @@ def run_with_failure(cluster, config, rank: int, at_step: int, how: str = "kill"
     try:
         cluster.run(_fail_on_rank, config.to_dict(), rank, at_step, how, timeout=timeout)
     except (RankError, RunTimeout) as exc:
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    else:
-        raise RuntimeError(f"the planted failure on rank {rank} did not happen")
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    raise RuntimeError(f"the planted failure on rank {rank} after {at_step} steps did not "
+                       "happen: did the run resume past that step already?")
+
+
+def run_with_failure(cluster, config, rank: int, at_step: int, how: str = "kill",
+                     hang_timeout: float = 20.0) -> Recovery:
+    """Train ``config`` with rank ``rank`` failing after ``at_step`` steps, then recover."""
+    import labkit
+
+    error = fail_once(cluster, config, rank, at_step, how, hang_timeout)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RanksRestartedWarning)  # expected: we killed it
         report = labkit.train(cluster, config, estimate=False)
