@@ -128,11 +128,11 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
     (read without starting torchrun: the parser and the config it makes)."""
     import argparse
 
-    from labkit.train.torchrun import _config, add_arguments
+    from labkit.train.torchrun import _configs, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = _config(parser.parse_args([
+    [(config, _)] = _configs(parser.parse_args([
         "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
         "--lr", "0.01", "--optimizer", "sgd", "--precision", "mixed", "--micro-batches", "1",
         "--grad-accumulation", "2", "--activation-checkpointing"]))
