@@ -209,6 +209,21 @@ def check_08(results: dict) -> None:
     assert dropped == sorted(dropped, reverse=True) and dropped[0] > 0
 
 
+def check_10(results: dict) -> None:
+    steps, every, at = results["steps"], results["checkpoint_every"], results["kill_at_step"]
+    assert "RankError" in results["error"] and f"rank {results['kill_rank']}" in results["error"]
+    resumed = (at - 1) // every * every  # the save due at the failure's step never happened
+    assert results["resumed_at"] == resumed and results["lost_steps"] == at - resumed > 0
+    assert results["from_checkpoint"] == [True] * resumed + [False] * (steps - resumed)
+    assert results["recovered_losses"] == results["reference_losses"][:steps]  # bit for bit
+    assert results["continued_resumed_at"] == steps
+    assert results["fewer"] < results["world_size"]
+    assert results["continued_losses"][:steps] == results["recovered_losses"]
+    assert results["fewer_gap"] < 1e-4  # resharded onto fewer ranks: float rounding only
+    assert results["save_s"] > 0 and results["step_s"] > 0 and results["young_daly_steps"] >= 1
+    assert results["check"]["status"] == "passed"
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -241,4 +256,7 @@ NOTEBOOKS = {
     "08_long_sequences_and_experts": ({"seq_options": [256, 512], "memory_per_device": "4MiB",
                                        "capacity_factors": [0.5, 2.0], "moe_steps": 3,
                                        "interactive": False}, check_08),
+    "10_when_a_gpu_dies": ({"world_size": 2, "d_hidden": 64, "n_layers": 3, "global_batch": 16,
+                            "steps": 8, "checkpoint_every": 3, "kill_at_step": 5,
+                            "interactive": False}, check_10),
 }

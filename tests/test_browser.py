@@ -47,7 +47,8 @@ SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
            "05_sharded_data_parallel": ("GPUs", "ArrowLeft"),
            "06_recommender_at_scale": ("table size", "ArrowRight"),
            "07_putting_it_together": ("tp", "ArrowLeft"),
-           "08_long_sequences_and_experts": ("sequence length", "ArrowLeft")}
+           "08_long_sequences_and_experts": ("sequence length", "ArrowLeft"),
+           "10_when_a_gpu_dies": ("GPU MTBF", "ArrowLeft")}
 RUN_ALL_TIMEOUT_S = 240
 
 

@@ -334,3 +334,40 @@ def test_gradient_checks_say_which_rank_counts_split_their_batch():
             found = check(three, answer)
             assert found.status == "failed", found
             assert found.summary == "the check splits 32 samples: use 1, 2, 4 or 8 ranks"
+
+
+# ----- 10: what a checkpoint must hold ------------------------------------------------------
+def _state_classes():
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class ModelOnly(Stateful):  # forgets Adam's state
+        def __init__(self, model, optimizer, step):
+            self.model, self.optimizer, self.step = model, optimizer, step
+
+        def state_dict(self):
+            return {"model": self.model.state_dict(), "step": self.step}
+
+        def load_state_dict(self, state_dict):
+            self.model.load_state_dict(state_dict["model"])
+            self.step = state_dict["step"]
+
+    class NoStep(ModelOnly):  # forgets the data position
+        def state_dict(self):
+            model, optimizer = get_state_dict(self.model, self.optimizer)
+            return {"model": model, "optimizer": optimizer}
+
+        def load_state_dict(self, state_dict):
+            set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                           optim_state_dict=state_dict["optimizer"])
+
+    return ModelOnly, NoStep
+
+
+def test_training_state_both_ways(two):
+    reference = solution("10_when_a_gpu_dies", "training_state_answer", "TrainingState")
+    assert "bit for bit" in verdict(labkit.check.training_state, two, reference,
+                                    status="passed")
+    model_only, no_step = _state_classes()
+    assert "Adam's state did not" in verdict(labkit.check.training_state, two, model_only)
+    assert "the step was not restored" in verdict(labkit.check.training_state, two, no_step)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import pytest
@@ -139,3 +141,40 @@ def test_closed_cluster_refuses_to_run():
     cluster.close()  # twice is fine
     with pytest.raises(labkit.ClusterError, match="closed"):
         cluster.run(lambda ctx: None)
+
+
+# A logger with a file handler opened in the notebook before the cluster starts (as pytest's
+# log-file handler is, and as ``logging.basicConfig(filename=...)`` would be in a notebook).
+_STALE_LOG = logging.getLogger("labkit.tests.stale")
+
+
+def _open_files_then_log(ctx, stale_fd: int, folder: str) -> list[str]:
+    """Open files on the rank until the numbers pass ``stale_fd``, then log through the
+    notebook's handler: the record must not land in any of them."""
+    files = []
+    while not files or files[-1].fileno() <= stale_fd + 1:
+        files.append(open(os.path.join(folder, f"rank{ctx.rank}-{len(files)}"), "w"))
+    _STALE_LOG.warning("written through the notebook's handler")
+    for handler in _STALE_LOG.handlers:
+        handler.flush()
+    for file in files:
+        file.close()
+    return [file.name for file in files]
+
+
+def test_a_descriptor_the_notebook_holds_is_never_reused_on_a_rank(tmp_path):
+    """The forked launcher lets go of the notebook's descriptors but keeps their numbers
+    taken: a log record written on a rank through a handler the notebook opened must not end
+    up in a socket or file the rank opened later (it once landed in gloo's socket and hung
+    ``dcp.save``)."""
+    handler = logging.FileHandler(tmp_path / "notebook.log")
+    _STALE_LOG.addHandler(handler)
+    try:
+        with labkit.Cluster(2, device="cpu", progress=False, launcher="fork") as cluster:
+            paths = cluster.run(_open_files_then_log, handler.stream.fileno(), str(tmp_path))
+    finally:
+        _STALE_LOG.removeHandler(handler)
+        handler.close()
+    written = [path for rank in paths for path in rank if "notebook" in open(path).read()]
+    assert written == []
+    assert "written through" not in (tmp_path / "notebook.log").read_text()

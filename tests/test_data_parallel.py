@@ -128,11 +128,11 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
     (read without starting torchrun: the parser and the config it makes)."""
     import argparse
 
-    from labkit.train.torchrun import _config, add_arguments
+    from labkit.train.torchrun import _configs, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = _config(parser.parse_args([
+    [(config, _)] = _configs(parser.parse_args([
         "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
         "--lr", "0.01", "--optimizer", "sgd", "--precision", "mixed", "--micro-batches", "1",
         "--grad-accumulation", "2", "--activation-checkpointing"]))
@@ -141,7 +141,7 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
     assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
         "mixed", 2, True)
     with pytest.raises(ValueError, match="gives dp twice"):
-        _config(parser.parse_args(["--layout", "dp=2,dp=3"]))
+        _configs(parser.parse_args(["--layout", "dp=2,dp=3"]))
 
 
 def test_a_run_survives_its_estimate_failing(one, monkeypatch):

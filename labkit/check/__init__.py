@@ -25,3 +25,7 @@ __all__ += ["mesh_groups"]
 from labkit.check.online_softmax import merge_attention  # noqa: E402
 
 __all__ += ["merge_attention"]
+
+from labkit.check.resume import training_state  # noqa: E402
+
+__all__ += ["training_state"]

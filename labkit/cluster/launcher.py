@@ -88,18 +88,30 @@ class ForkedZygote:
                 pass
 
 
-def _keep_only(keep: set[int]) -> None:
-    """Close every inherited file descriptor but ``keep`` (the notebook's sockets, zmq...)."""
+def _retire_inherited_fds(keep: set[int]) -> None:
+    """Let go of every inherited file descriptor but ``keep`` (the notebook's sockets, zmq...)
+    while keeping its *number* taken: each one is pointed at /dev/null instead of closed.
+
+    Python objects copied from the notebook still hold those numbers (a ``logging``
+    FileHandler, pytest's log file, a file the user opened). Were the numbers freed, a rank
+    would hand them to the next socket it opens (gloo's, for one), and a log record written
+    through such a stale object would land inside the collective's byte stream and hang it.
+    Pointed at /dev/null, a stale write is lost harmlessly and a stale read sees end of file.
+    """
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
-        fds = range(3, 4096)
+        fds = list(range(3, 4096))
+    null = os.open(os.devnull, os.O_RDWR)
     for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if fd in keep or fd == null:
+            continue
+        try:
+            os.fstat(fd)  # open? (the listing's own descriptor is closed by now)
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def _forget_the_notebooks_torch() -> None:
@@ -125,7 +137,7 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
     try:  # the zygote: a copy of the notebook's process, which it must never disturb
         gc.freeze()  # the notebook's objects are never collected here (no finalizer runs)
         os.setsid()  # out of the kernel's process group: Jupyter's interrupts are not ours
-        _keep_only({0, 1, 2, theirs.fileno()})
+        _retire_inherited_fds({0, 1, 2, theirs.fileno()})
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
         _forget_the_notebooks_torch()

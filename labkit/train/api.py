@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from labkit.checkpoint.rules import check_checkpointing
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_run
 from labkit.memory.estimate import estimate_memory
@@ -35,7 +36,10 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
 
     ``fields`` are those of :class:`TrainConfig` (model, strategy or layout, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
-    grad_accumulation, activation_checkpointing).
+    grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With
+    ``checkpoint_dir`` the run saves sharded checkpoints there and, when it holds one of this
+    run, resumes from the newest good one (the report's records then cover every step; those
+    done before are marked ``from_checkpoint``).
     ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
     checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
     when a rank runs out of memory; when the model state alone was more than the capacity
@@ -43,6 +47,7 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     trace the peak per rank beside the measurement (``labkit.estimate_memory``).
     """
     config = checked(cluster, config, **fields)
+    check_checkpointing(config, layout_for(config, cluster.world_size))  # may warn or raise
     saved, override = cluster.memory_per_device, memory_per_device is not _UNSET
     if override:
         cluster.memory_per_device = memory_per_device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from labkit.layout.layout import Layout
@@ -45,6 +46,12 @@ class TrainConfig:
             model's plan says what a block is: the GPT's transformer blocks).
         bucket_cap_mb: DDP's gradient bucket size.
         return_weights: also return every rank's final weights (for parity checks).
+        checkpoint_dir: save sharded checkpoints (``torch.distributed.checkpoint``) here,
+            and resume from the newest good one of this run found here (``labkit/checkpoint``).
+        checkpoint_every: save after every this many steps (and after the last step); None
+            saves after the last step only. Needs ``checkpoint_dir``.
+        checkpoint_async: save with ``dcp.async_save``: training goes on while a
+            background thread writes the checkpoint (it is committed before the next save).
     """
 
     model: ModelConfig = field(default_factory=MLPConfig)
@@ -61,6 +68,9 @@ class TrainConfig:
     return_weights: bool = False
     grad_accumulation: int = 1
     activation_checkpointing: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_async: bool = False
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -114,3 +124,21 @@ def _check_fields(config: TrainConfig) -> None:
     fields.flag(config, "return_weights")
     fields.whole(config, "grad_accumulation")
     fields.flag(config, "activation_checkpointing")
+    _check_checkpoint_fields(config)
+
+
+def _check_checkpoint_fields(config: TrainConfig) -> None:
+    if config.checkpoint_dir is not None:
+        if not isinstance(config.checkpoint_dir, (str, os.PathLike)):
+            raise TypeError(f"TrainConfig.checkpoint_dir must be a path, got "
+                            f"{config.checkpoint_dir!r}")
+        object.__setattr__(config, "checkpoint_dir", os.fspath(config.checkpoint_dir))
+    if config.checkpoint_every is not None:
+        fields.whole(config, "checkpoint_every")
+        if config.checkpoint_dir is None:
+            raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
+                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
+    fields.flag(config, "checkpoint_async")
+    if config.checkpoint_async and config.checkpoint_dir is None:
+        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
+                         "TrainConfig.checkpoint_dir")

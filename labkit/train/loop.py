@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 
 from labkit.build import ParallelContext, build, full_weights, parallel_context
+from labkit.checkpoint.session import Checkpointer
 from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter, union_seconds
 from labkit.context_parallel.apply import shard_batch
@@ -100,6 +101,15 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     return record
 
 
+def _steps(run, config, built, observers, steps: range, tracked: bool, records: list,
+           saver) -> None:
+    """Run ``steps``, appending their records; save a checkpoint after those due."""
+    for step in steps:
+        records.append(_one_step(run, config, built, observers, step, tracked))
+        if saver is not None and saver.due(step + 1):
+            saver.save(step + 1, records)
+
+
 def _observers(layout) -> list:
     return [TableObserver()] if layout.tables is not None else []
 
@@ -119,16 +129,21 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
         with tracker.label_as("parameters"):  # a cap too small for the weights says so
             built = build(run, config)
         relabel_live(tracker, "parameters")  # the real weights are filed again just below
-        tracker.track_external(*built.modules, built.optimizer)
+        saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
+        start, records = saver.resume() if saver else (0, [])  # (steps done, their records)
+        tracker.track_external(*built.modules, built.optimizer)  # loaded state included
         relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
         for observer in observers:
             observer.on_build(run, built, config)
-        records = [_one_step(run, config, built, observers, step, True)
-                   for step in range(min(config.steps, MEMORY_STEPS))]
+        tracked_until = min(config.steps, start + MEMORY_STEPS)
+        _steps(run, config, built, observers, range(start, tracked_until), True, records,
+               saver)
         memory = tracker.report()
-    records += [_one_step(run, config, built, observers, step, always_tracked)
-                for step in range(MEMORY_STEPS, config.steps)]
+    _steps(run, config, built, observers, range(tracked_until, config.steps), always_tracked,
+           records, saver)
     out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
+    if saver is not None:
+        out["resumed_at"], out["resumed_from"] = start, saver.resumed_from
     if config.return_weights:
         out["weights"] = full_weights(built.parts, built.names, config, layout.tp)
     return out

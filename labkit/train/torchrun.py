@@ -13,13 +13,20 @@ Run without torchrun, it trains on one process.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import socket
+import sys
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
+from labkit.checkpoint.rules import check_checkpointing
 from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
 from labkit.layout import STRATEGIES, Layout, check_run, layout_for
@@ -35,7 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", choices=["mlp", "gpt", "dlrm", "moe_gpt"])
     parser.add_argument("--params", type=float, help="size the model to about this many "
                         "parameters (default: the zoo's default size)")
-    parser.add_argument("--strategy", default="ddp", choices=STRATEGIES)
+    parser.add_argument("--strategy", default=["ddp"], choices=STRATEGIES, nargs="+",
+                        help="one or more strategies, trained one after another in the same "
+                             "processes (with several, each report goes to OUT with the "
+                             "strategy's name before its suffix: report.fsdp.json)")
     parser.add_argument("--layout", help="degrees instead of a strategy, e.g. dp=2,tp=2 or "
                         "pp=2,dp=2,schedule=gpipe (their product: the number of processes)")
     parser.add_argument("--global-batch", type=int, default=64)
@@ -48,6 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro-steps per optimizer step")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each block's activations in backward")
+    parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here, and resume "
+                        "from the newest one of this run found here")
+    parser.add_argument("--checkpoint-every", type=int,
+                        help="save every this many steps (default: after the last step)")
+    parser.add_argument("--checkpoint-async", action="store_true",
+                        help="save with dcp.async_save while training goes on")
+    parser.add_argument("--kill-rank-at-step", type=int, nargs=2, metavar=("RANK", "STEP"),
+                        help="a planted failure, to try restarts: rank RANK kills itself "
+                        "(SIGKILL) once STEP steps are done, in the first attempt only "
+                        "(torchrun --max-restarts N restarts it; with --checkpoint-dir the "
+                        "run resumes from its last checkpoint)")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -66,15 +87,28 @@ def parse_layout(text: str) -> Layout:
         raise ValueError(f"cannot read layout {text!r}: write e.g. dp=2,tp=2 ({exc})") from exc
 
 
-def _config(args) -> TrainConfig:
+def _configs(args) -> list[tuple[TrainConfig, str]]:
+    """Each run asked for, with where its report goes."""
     model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
-    parallel = ({"layout": parse_layout(args.layout)} if args.layout
-                else {"strategy": args.strategy})
-    return TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
-                       lr=args.lr, optimizer=args.optimizer, precision=args.precision,
-                       micro_batches=args.micro_batches,
-                       grad_accumulation=args.grad_accumulation,
-                       activation_checkpointing=args.activation_checkpointing, **parallel)
+    strategies = [args.strategy] if isinstance(args.strategy, str) else args.strategy
+    parallels = ([{"layout": parse_layout(args.layout)}] if args.layout
+                 else [{"strategy": name} for name in strategies])
+    out = Path(args.out)
+    runs = []
+    for parallel in parallels:
+        config = TrainConfig(model=model, global_batch=args.global_batch, steps=args.steps,
+                             lr=args.lr, optimizer=args.optimizer, precision=args.precision,
+                             micro_batches=args.micro_batches,
+                             grad_accumulation=args.grad_accumulation,
+                             activation_checkpointing=args.activation_checkpointing,
+                             checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                             checkpoint_every=getattr(args, "checkpoint_every", None),
+                             checkpoint_async=getattr(args, "checkpoint_async", False),
+                             **parallel)
+        path = (out if len(parallels) == 1
+                else out.with_name(f"{out.stem}.{config.label}{out.suffix}"))
+        runs.append((config, str(path)))
+    return runs
 
 
 def _device(args) -> torch.device:
@@ -91,43 +125,91 @@ def _join(device: torch.device) -> str:
         torch.set_num_threads(1)  # a virtual GPU: one core
     backend = "nccl" if device.type == "cuda" else "gloo"
     if "WORLD_SIZE" in os.environ:  # started by torchrun: env:// rendezvous
-        dist.init_process_group(backend, timeout=timedelta(minutes=10),
+        timeout = timedelta(minutes=10)
+        store, rank, world_size = next(rendezvous("env://", timeout=timeout))
+        # torchrun keeps one store across restarts (--max-restarts): without a prefix per
+        # attempt, a restarted rank reads the dead attempt's addresses and cannot connect.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt-{attempt}", store),
+                                rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return backend
 
 
+@dataclass
+class _PlantedFailure(RankContext):
+    """A rank that SIGKILLs itself once ``kill_at`` steps are done (``--kill-rank-at-step``),
+    as a GPU that dies would take its process down: no exception, no goodbye."""
+
+    kill_at: int = 0
+
+    def progress(self, done: int, total: int, desc: str = "") -> None:
+        if done == self.kill_at:
+            print(f"rank {self.rank}: planted failure, killed after {done} steps",
+                  file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().progress(done, total, desc)
+
+
+def _context(args):
+    """The RankContext class of this process: a planted failure's on the rank it names, in
+    torchrun's first attempt (its restarts run clean)."""
+    if args.kill_rank_at_step is None:
+        return RankContext
+    rank, step = args.kill_rank_at_step
+    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0
+    if not first_attempt or int(os.environ.get("RANK", 0)) != rank:
+        return RankContext
+    return functools.partial(_PlantedFailure, kill_at=step)
+
+
+def _train(config: TrainConfig, out: str, ctx: RankContext, estimate) -> None:
+    """One run on this process's rank; rank 0 writes its report to ``out``."""
+    rank, world_size = ctx.rank, ctx.world_size
+    result = train_on_rank(ctx, config.to_dict())
+    result["host"] = socket.gethostname()
+    gathered = [None] * world_size if rank == 0 else None
+    dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
+    if rank == 0:
+        hosts = sorted({r["host"] for r in gathered})
+        report = TrainReport(config, world_size, ctx.device.type, ctx.backend,
+                             ctx.oversubscribed, gathered, estimate,
+                             where=f"measured under torchrun on {', '.join(hosts)}")
+        report.save(out)
+        split = report.split()
+        print(f"{config.label} x{world_size}: loss {report.losses[0]:.4f} -> "
+              f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
+              f"{report.samples_per_s:.0f} samples/s; report written to {out}", flush=True)
+
+
 def main(args) -> int:
-    config = _config(args)  # bad arguments fail here, before any collective
+    runs = _configs(args)  # bad arguments fail here, before any collective
     device = _device(args)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.kill_rank_at_step is not None:
+        rank, step = args.kill_rank_at_step
+        if not 0 <= rank < world_size or step < 1:
+            raise ValueError(f"--kill-rank-at-step {rank} {step}: the rank must be one of 0.."
+                             f"{world_size - 1} and the step at least 1")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    check_run(config, layout_for(config, world_size), world_size, device.type, backend)
+    for config, _ in runs:
+        layout = layout_for(config, world_size)
+        check_run(config, layout, world_size, device.type, backend)
+        check_checkpointing(config, layout)
     # The estimate traces on a process group of its own: before this process joins one.
-    estimate = (estimate_memory(config, world_size).to_dict()
-                if int(os.environ.get("RANK", 0)) == 0 else None)
+    first = int(os.environ.get("RANK", 0)) == 0
+    estimates = [estimate_memory(config, world_size).to_dict() if first else None
+                 for config, _ in runs]
     _join(device)
-    rank = dist.get_rank()
     try:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
-        ctx = RankContext(rank, world_size, device, backend, dist.group.WORLD, oversubscribed,
-                          MemoryTracker(rank))
-        result = train_on_rank(ctx, config.to_dict())
-        result["host"] = socket.gethostname()
-        gathered = [None] * world_size if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
-        if rank == 0:
-            hosts = sorted({r["host"] for r in gathered})
-            report = TrainReport(config, world_size, device.type, backend, oversubscribed,
-                                 gathered, estimate,
-                                 where=f"measured under torchrun on {', '.join(hosts)}")
-            report.save(args.out)
-            split = report.split()
-            print(f"{config.label} x{world_size}: loss {report.losses[0]:.4f} -> "
-                  f"{report.losses[-1]:.4f}; step {split['step_s'] * 1e3:.1f} ms; "
-                  f"{report.samples_per_s:.0f} samples/s; report written to {args.out}")
+        ctx = _context(args)(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
+                             oversubscribed, MemoryTracker(dist.get_rank()))
+        for (config, out), estimate in zip(runs, estimates, strict=True):
+            _train(config, out, ctx, estimate)
     finally:
         dist.destroy_process_group()
     return 0

@@ -1,0 +1,14 @@
+"""Sharded checkpoints of a training run with ``torch.distributed.checkpoint`` (DCP), and
+exact resumption (``labkit.train(..., checkpoint_dir=d, checkpoint_every=k)``).
+
+``store.py``: the folders on disk, which can be trusted, the atomic commit; ``state.py``:
+what each rank saves (model and optimizer through torch's state-dict helpers, RNG);
+``session.py``: save and resume on the ranks; ``rules.py``: checks before any rank starts.
+"""
+
+from labkit.checkpoint.rules import check_checkpointing
+from labkit.checkpoint.session import Checkpointer
+from labkit.checkpoint.store import CheckpointError, CheckpointWarning, scan
+
+__all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer", "check_checkpointing",
+           "scan"]

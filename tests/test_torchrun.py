@@ -1,0 +1,159 @@
+"""Every kind of strategy under torchrun (several in one launch, to start torch once), a
+checkpointed run under torchrun resumed by a second launch, a worker killed mid-run and
+restarted by torchrun (--max-restarts), two torchrun "nodes" on this machine, and the Slurm
+batch script's launch command."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import labkit
+
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+# One of each code path on 2 ranks: DDP, ZeRO-1's optimizer, FSDP2, DTensor TP, a pipeline.
+STRATEGIES = ["ddp", "zero1", "fsdp", "tp", "gpipe"]
+
+
+def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = ()) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", *launcher, "-m", "labkit", "train",
+         "--model", "mlp", "--global-batch", "16", *args], cwd=cwd, capture_output=True,
+        text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
+    _torchrun(tmp_path, "--strategy", *STRATEGIES, "--steps", "2", "--micro-batches", "2",
+              "--out", str(tmp_path / "run.json"))
+    first = {}
+    for strategy in STRATEGIES:
+        report = labkit.TrainReport.load(tmp_path / f"run.{strategy}.json")
+        assert report.config.strategy == strategy and report.world_size == 2
+        assert "torchrun" in report.where and report.estimate["peak_bytes"] > 0
+        assert report.steps == 2 and all(math.isfinite(loss) for loss in report.losses)
+        first[strategy] = report.losses[0]
+    # One seed, the same initial weights and batch: the first loss agrees across layouts.
+    assert max(first.values()) - min(first.values()) < 1e-5, first
+
+
+def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    common = ("--strategy", "fsdp", "--checkpoint-dir", ckpt, "--checkpoint-every", "1")
+    _torchrun(tmp_path, *common, "--steps", "2", "--out", str(tmp_path / "a.json"))
+    _torchrun(tmp_path, *common, "--steps", "3", "--out", str(tmp_path / "b.json"))
+    first = labkit.TrainReport.load(tmp_path / "a.json")
+    resumed = labkit.TrainReport.load(tmp_path / "b.json")
+    assert resumed.ranks[0]["resumed_at"] == 2 and resumed.steps == 3
+    assert resumed.losses[:2] == first.losses
+    assert [r.get("from_checkpoint", False) for r in resumed.ranks[0]["records"]] == [
+        True, True, False]
+    assert sorted(p.name for p in Path(ckpt).iterdir()) == [
+        "step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_every_training_option_reaches_the_config_from_the_command_line():
+    """Each TrainConfig option torchrun offers lands in the run's config (read without
+    starting torchrun: the parser and the configs it makes)."""
+    import argparse
+
+    from labkit.train.torchrun import _configs, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([
+        "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
+        "--precision", "mixed", "--micro-batches", "1", "--grad-accumulation", "2",
+        "--activation-checkpointing", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2"])
+    [(config, out)] = _configs(args)
+    assert (config.layout, config.global_batch, config.steps) == (
+        labkit.Layout(fsdp=2, tp=2), 32, 3)
+    assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
+        "mixed", 2, True)
+    assert (config.checkpoint_dir, config.checkpoint_every, out) == ("ckpt", 2, "report.json")
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_run_resumes_exactly(two, tmp_path):
+    """Rank 1 is SIGKILLed after 3 steps (a planted failure); torchrun restarts the workers
+    (--max-restarts 1) and the run resumes from its step-2 checkpoint: the same losses as a
+    run never interrupted, bit for bit."""
+    ckpt = tmp_path / "ckpt"
+    _torchrun(tmp_path, "--strategy", "ddp", "--steps", "5", "--checkpoint-dir",
+                    str(ckpt), "--checkpoint-every", "2", "--kill-rank-at-step", "1", "3",
+                    "--out", str(tmp_path / "r.json"), launcher=("--max-restarts", "1"))
+    report = labkit.TrainReport.load(tmp_path / "r.json")
+    reference = labkit.train(two, labkit.TrainConfig(model="mlp", strategy="ddp",
+                                                     global_batch=16, steps=5),
+                             estimate=False)
+    # One launch into an empty folder, resumed at step 2: its workers were started again.
+    assert report.ranks[0]["resumed_at"] == 2 and report.losses == reference.losses
+    assert [r.get("from_checkpoint", False) for r in report.ranks[1]["records"]] == [
+        True, True, False, False, False]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "step-00000002", "step-00000004", "step-00000005"]
+
+
+def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
+    """``--nnodes 2``: two launchers (two "nodes" on this machine), one process each, one
+    c10d rendezvous endpoint; one run of 2 ranks, its report written by global rank 0."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m",
+               "labkit", "train", "--model", "mlp", "--global-batch", "16", "--strategy",
+               "fsdp", "--steps", "2", "--out", str(tmp_path / "r.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    report = labkit.TrainReport.load(tmp_path / "r.json")
+    assert report.world_size == 2 and report.steps == 2
+    assert all(math.isfinite(loss) for loss in report.losses)
+
+
+def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(tmp_path):
+    """``scripts/slurm/train.sbatch``: bash syntax; its launch command (printed by a dry run
+    with a stand-in ``scontrol``) is read by torchrun's own parser and labkit's, and the run
+    it asks for passes labkit's checks for its rank count."""
+    import argparse
+
+    from torch.distributed.run import get_args_parser
+
+    from labkit.layout import check_run, layout_for
+    from labkit.train.torchrun import _configs, add_arguments
+
+    script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho gpu-node-1\necho gpu-node-2\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "lk", "SLURM_JOB_NODELIST": "gpu-node-[1-2]",
+           "LABKIT_DRY_RUN": "1"}
+    printed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                             check=True).stdout
+    command = shlex.split(printed)
+    assert command[0] == "torchrun"
+    launcher = get_args_parser().parse_args(command[1:])
+    assert (launcher.nnodes, launcher.nproc_per_node, launcher.rdzv_endpoint) == (
+        "2", "8", "gpu-node-1:29500")
+    assert launcher.max_restarts == 3 and launcher.module
+    assert launcher.training_script == "labkit" and launcher.training_script_args[0] == "train"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
+    check_run(config, layout_for(config, 16), 16, "cuda", "nccl")
+    assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every
