@@ -1,0 +1,225 @@
+"""What one training step costs one rank of a layout: FLOPs, memory-bound bytes, memory by
+category, and the bytes of every collective per mesh dimension.
+
+The counts come from ``counts.py`` (one sample, one block, counted on meta tensors); this file
+scales them by the layout, each rule in one place:
+
+* FLOPs per rank: the model's per-sample FLOPs x samples in the step / ranks (data
+  parallelism splits samples, tensor parallelism each matmul, a pipeline the layers), plus the
+  blocks' forward again under activation checkpointing.
+* Memory per rank, for decoders (any size, no trace): the state of this rank's parameters
+  (``labkit.costs.model_state_bytes``: ZeRO-3 over fsdp, ZeRO-1 over dp for "zero1"), the
+  activations autograd saves per block per sample (counted for one tp rank's block) x blocks
+  on the stage x samples per micro-batch x micro-batches in flight (1; a 1F1B stage holds pp,
+  GPipe all of them), and FSDP's two gathered blocks. Other models (the MLP, the DLRM) are
+  traced whole by ``labkit.memory.estimate_memory`` (they are small, or their size is tables).
+* Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
+  sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
+  activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
+  the parameters in forward and again in backward per micro-batch, a reduce-scatter of the
+  gradients; pp: a send of the activations forward and of their gradient backward per
+  micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from labkit.costs import model_state_bytes
+from labkit.layout.layout import Layout
+from labkit.models import build_model, plan_for
+from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
+
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class Lever:
+    """The per-run choices besides the layout (the ``TrainConfig`` levers)."""
+
+    global_batch: int
+    micro_batches: int = 1
+    precision: str = "mixed"  # "fp32", "bf16", "mixed"
+    activation_checkpointing: bool = False
+    optimizer: str = "adam"
+
+
+@dataclass
+class StepCosts:
+    """One rank's costs of one step.
+
+    Attributes:
+        flops: FLOPs this rank computes (recomputation included).
+        model_flops: the model's FLOPs per step over all ranks (no recomputation): MFU's top.
+        memory_bound_bytes: bytes moved by ops that are bandwidth-bound (embedding lookups and
+            their gradients, the optimizer's pass over its state).
+        memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
+        samples, tokens: per step, all ranks.
+    """
+
+    flops: float
+    model_flops: float
+    memory_bound_bytes: float
+    memory: dict[str, float]
+    comm: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    samples: int = 0
+    tokens: int = 0
+    memory_method: str = "counted per block, scaled"
+
+    @property
+    def peak_bytes(self) -> float:
+        return sum(self.memory.values())
+
+
+def _zero_stage(layout: Layout) -> tuple[int, int]:
+    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine."""
+    engine = layout.data_engine
+    if engine == "fsdp":
+        return 3, layout.fsdp
+    if engine == "zero1":
+        return 1, layout.dp
+    return 0, 1
+
+
+def _state_precision(precision: str, measured: bool) -> str:
+    """The ``model_state_bytes`` row: labkit's own "mixed" keeps fp32 weights (the "fp32"
+    row); on a GPU cluster "mixed" is the usual recipe (bf16 weights and gradients, fp32
+    master weights and Adam moments: the ZeRO paper's "mixed" row)."""
+    return "fp32" if precision == "mixed" and measured else precision
+
+
+def compute_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@functools.lru_cache(maxsize=64)
+def _tp_pairs(model_config) -> list[tuple[int, int]]:
+    """(column layer's input width, row layer's output width) of each tp pair, once per
+    model; an AllReduce of a micro-batch's activations of that width runs in backward (at the
+    column layer's input) and in forward (at the row layer's output)."""
+    if is_decoder(model_config) and model_config.n_layers > 1:  # identical blocks
+        return _tp_pairs(replace_layers(model_config, 1)) * model_config.n_layers
+    model = build_model(model_config, device="meta")
+    modules = dict(model.named_modules())
+    styles = plan_for(model_config).tp_styles(model)
+    cols = [modules[n].in_features for n, s in styles.items() if isinstance(s, ColwiseParallel)]
+    rows = [modules[n].out_features for n, s in styles.items() if isinstance(s, RowwiseParallel)]
+    return list(zip(cols, rows, strict=True))
+
+
+def _tokens_per_sample(model_config) -> int:
+    return getattr(model_config, "seq_len", 1)
+
+
+def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float]:
+    """(FLOPs of this rank, model FLOPs of the step over all ranks)."""
+    counts = sample_counts(model_config)
+    model = counts.flops * lever.global_batch
+    recompute = counts.block_forward_flops * lever.global_batch if (
+        lever.activation_checkpointing) else 0.0
+    return (model + recompute) / layout.size, model
+
+
+def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
+                   flash_attention: bool = True) -> dict[str, float]:
+    """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
+    blocks = block_counts(model_config, layout.tp, flash_attention)
+    per_stage = math.ceil(model_config.n_layers / layout.pp)
+    counts = sample_counts(model_config)
+    rest = counts.params - model_config.n_layers * blocks.full_params
+    # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
+    ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
+                                           _head_params(model_config))
+    local = ends + per_stage * blocks.params
+    stage, shards = _zero_stage(layout)
+    state = model_state_bytes(local, shards, stage, _state_precision(lever.precision,
+                                                                     measured))
+    micro = lever.global_batch // layout.data_size // lever.micro_batches
+    width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
+    if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
+        per_sample = per_stage * blocks.input_bytes + blocks.saved_bytes
+    else:
+        per_sample = per_stage * blocks.saved_bytes
+    per_sample += rest_saved_bytes(model_config)
+    activations = per_sample * width * micro * _in_flight(layout, lever)
+    other = 0.0
+    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
+        other += 2 * blocks.params * compute_bytes(lever.precision)
+    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            "optimizer": state["optimizer"], "activations": activations, "other": other}
+
+
+def _head_params(model_config) -> int:
+    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
+
+
+def _in_flight(layout: Layout, lever: Lever) -> int:
+    """Micro-batches whose activations a stage holds at once (the first stage's)."""
+    schedule = layout.pipeline_schedule
+    if schedule is None:
+        return 1
+    if schedule in ("gpipe", "naive"):
+        return lever.micro_batches
+    return min(layout.pp, lever.micro_batches)
+
+
+def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
+              measured: bool = False) -> dict[tuple[str, str], tuple[int, float]]:
+    """{(dim, collective): (calls, tensor bytes)} one rank issues in one step."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    m = lever.micro_batches
+    micro = lever.global_batch // layout.data_size // m
+    act = compute_bytes(lever.precision)  # activations travel in the compute dtype
+    tokens = micro * _tokens_per_sample(model_config)
+    if layout.tp > 1:
+        pairs = _tp_pairs(model_config)
+        share = 1 / layout.pp  # a stage's share of the pairs
+        calls = 2 * len(pairs) * m * share
+        out[("tp", "all_reduce")] = (round(calls), sum(c + r for c, r in pairs) * tokens * act
+                                     * m * share)
+    if layout.pp > 1:
+        width = getattr(model_config, "d_model", 0) or model_config.d_hidden
+        out[("pp", "send")] = (2 * m, 2 * m * tokens * width * act)
+    grads = local_params * (4 if lever.precision != "bf16" else 2)
+    engine = layout.data_engine
+    if engine == "fsdp":
+        gathered = local_params * compute_bytes(lever.precision)  # FSDP2 gathers bf16 copies
+        units = _units(model_config, layout)
+        if layout.fsdp > 1:
+            out[("fsdp", "all_gather")] = (2 * units * m, 2 * m * gathered)
+            out[("fsdp", "reduce_scatter")] = (units, grads)
+        if layout.dp > 1:
+            out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
+    elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
+        out[("dp", "all_reduce")] = (max(1, math.ceil(grads / DDP_BUCKET_BYTES)), grads)
+        if engine == "zero1":
+            out[("dp", "broadcast")] = (1, local_params * 4)
+    return out
+
+
+def _units(model_config, layout: Layout) -> int:
+    """FSDP units on a rank: each block (each linear of the MLP) and the root."""
+    layers = getattr(model_config, "n_layers", 1)
+    return math.ceil(layers / layout.pp) + 1
+
+
+def replace_layers(model_config, n_layers: int):
+    return dataclasses.replace(model_config, n_layers=n_layers)
+
+
+def local_params(model_config, layout: Layout) -> float:
+    """Parameters one rank holds before any ZeRO sharding (split by tp and pp)."""
+    counts = sample_counts(model_config)
+    if is_decoder(model_config):
+        blocks = block_counts(model_config, layout.tp)
+        rest = counts.params - model_config.n_layers * blocks.full_params
+        per_stage = math.ceil(model_config.n_layers / layout.pp)
+        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
+                                               _head_params(model_config))
+        return ends + per_stage * blocks.params
+    return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
