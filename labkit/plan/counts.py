@@ -50,22 +50,41 @@ class SampleCounts:
     lookup_bytes: float
     table_bytes: float
     params: int
+    other_bytes: float = 0.0  # read + written by the other non-matmul ops, per sample
 
     @property
     def flops(self) -> float:
         return self.forward_flops + self.backward_flops
 
 
+# Ops whose cost is their FLOPs (FlopCounterMode counts them); every other op is costed by
+# the bytes it reads and writes.
+_MATMULS = {_ATEN.mm.default, _ATEN.addmm.default, _ATEN.bmm.default, _ATEN.baddbmm.default}
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
 class _EmbeddingBytes(TorchDispatchMode):
-    """Sums the bytes of embedding lookups' outputs (rows read) and of their backward."""
+    """Sums the bytes of embedding lookups' outputs (rows read) and of their backward, and
+    the bytes every other non-matmul op reads and writes (elementwise, norms, softmax)."""
 
     def __init__(self):
         super().__init__()
         self.lookup = 0
         self.table = 0
+        self.other = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        embedding = (_ATEN.embedding.default, _ATEN.embedding_dense_backward.default)
+        if func not in _MATMULS and func not in embedding and not _is_view(func):
+            self.other += _nbytes(args) + _nbytes(out)
         if func is _ATEN.embedding.default:
             self.lookup += out.numel() * out.element_size()
         elif func is _ATEN.embedding_dense_backward.default:
@@ -113,7 +132,12 @@ def traced_sample_counts(model_config) -> SampleCounts:
     params = sum(p.numel() for p in model.parameters())
     # the dense table gradient is per step; lookups are per sample (batch of 1 here)
     return SampleCounts(forward.get_total_flops(), backward.get_total_flops(), block_flops,
-                        lookups.lookup, lookups.table, params)
+                        lookups.lookup, lookups.table, params, lookups.other)
+
+
+def _is_view(func) -> bool:
+    return any(a.alias_info is not None and not a.alias_info.is_write
+               for a in func._schema.returns)
 
 
 @dataclass(frozen=True)

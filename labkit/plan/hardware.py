@@ -132,7 +132,11 @@ class Cluster:
     fraction of peak FLOP/s that a well-tuned training step sustains on large matmuls: a named
     assumption, 0.5 by default (published large runs report 38-55% MFU: Megatron-LM 2021,
     Llama 3 2024); a measured cluster (this machine) sets it from its measured matmuls.
-    ``alpha_s`` is each collective's fixed latency, per link kind (intra, inter)."""
+    ``alpha_s`` is each collective's fixed latency, per link kind (intra, inter): 10 and 20
+    us, the order of NCCL's small-message latency (an assumption). ``op_overhead_s`` is a
+    fixed cost per dispatched op (0 on GPUs, where kernels queue ahead of the device; measured
+    on this machine) and ``measured_links`` each collective's fitted alpha-beta (this
+    machine)."""
 
     gpu: GPU | str
     gpus_per_node: int | None = None
@@ -140,6 +144,7 @@ class Cluster:
     efficiency: float = 0.5
     alpha_s: tuple[float, float] = (10e-6, 20e-6)
     op_overhead_s: float = 0.0
+    measured_links: dict | None = dataclasses.field(default=None, compare=False, hash=False)
 
     def __post_init__(self):
         object.__setattr__(self, "gpu", gpu(self.gpu))

@@ -153,7 +153,10 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
     params = local_params(model_config, layout)
     counts = sample_counts(model_config)
     samples_here = lever.global_batch / layout.data_size
-    memory_bound = counts.lookup_bytes * samples_here + counts.table_bytes
+    # other_bytes is counted in fp32: a bf16 step moves about half
+    width = compute_bytes(lever.precision) / 4
+    memory_bound = ((counts.lookup_bytes + counts.other_bytes * width) * samples_here
+                    / (layout.tp * layout.pp) + counts.table_bytes)
     if is_decoder(model_config):
         memory = decoder_memory(model_config, layout, lever, measured, flash_attention)
         method = "counted per block, scaled"

@@ -184,14 +184,19 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
                                      * m * share)
     if layout.pp > 1:
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
-        out[("pp", "send")] = (2 * m, 2 * m * tokens * width * act)
+        # a middle stage sends activations forward and gradients backward; an end stage one
+        sends = m if layout.pp == 2 else 2 * m
+        out[("pp", "send")] = (sends, sends * tokens * width * act)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
     engine = layout.data_engine
     if engine == "fsdp":
-        gathered = local_params * compute_bytes(lever.precision)  # FSDP2 gathers bf16 copies
+        # FSDP2 gathers each block in forward and again in backward, the root (embeddings,
+        # head) once: it stays gathered from its forward to its backward
         units = _units(model_config, layout)
+        blocks = _block_share(model_config, layout, local_params)
+        gathered = (local_params + blocks) * compute_bytes(lever.precision)
         if layout.fsdp > 1:
-            out[("fsdp", "all_gather")] = (2 * units * m, 2 * m * gathered)
+            out[("fsdp", "all_gather")] = ((2 * units - 1) * m, m * gathered)
             out[("fsdp", "reduce_scatter")] = (units, grads)
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
@@ -200,6 +205,14 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out
+
+
+def _block_share(model_config, layout: Layout, local: float) -> float:
+    """Parameters of a rank's FSDP units other than the root (its blocks or linears)."""
+    if is_decoder(model_config):
+        return math.ceil(model_config.n_layers / layout.pp) * block_counts(
+            model_config, layout.tp).params
+    return local  # the MLP: every linear is a unit, the root holds none
 
 
 def _units(model_config, layout: Layout) -> int:
