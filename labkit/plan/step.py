@@ -142,11 +142,18 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
     micro = lever.global_batch // layout.data_size // lever.micro_batches
     width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
     if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
-        per_sample = per_stage * blocks.input_bytes + blocks.saved_bytes
+        in_blocks = per_stage * blocks.input_bytes
+        recompute = blocks.saved_bytes
     else:
-        per_sample = per_stage * blocks.saved_bytes
-    per_sample += rest_saved_bytes(model_config)
-    activations = per_sample * width * micro * _in_flight(layout, lever)
+        in_blocks, recompute = per_stage * blocks.saved_bytes, 0.0
+    rest = rest_saved_bytes(model_config)
+    if layout.pp == 1:
+        per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
+    else:  # the first stage holds the most micro-batches, the last the head's logits
+        first = in_blocks * _in_flight(layout, lever)
+        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
+        per_sample = max(first, last + rest) + recompute
+    activations = per_sample * width * micro
     other = 0.0
     if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
         other += 2 * blocks.params * compute_bytes(lever.precision)
