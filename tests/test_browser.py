@@ -46,7 +46,8 @@ SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
            "04_tensor_parallel": ("TP degree", "ArrowLeft"),
            "05_sharded_data_parallel": ("GPUs", "ArrowLeft"),
            "06_recommender_at_scale": ("table size", "ArrowRight"),
-           "07_putting_it_together": ("tp", "ArrowLeft")}
+           "07_putting_it_together": ("tp", "ArrowLeft"),
+           "09_plan_a_real_run": ("nodes", "ArrowRight")}
 RUN_ALL_TIMEOUT_S = 240
 
 

@@ -22,3 +22,6 @@ __all__ = ["MIME_TYPE", "CheckResult", "ExerciseFailed", "average_gradients", "b
            "pipeline_step", "place_tables", "predict_memory", "ring_all_reduce",
            "tensor_parallel_linears", "zero1"]
 __all__ += ["mesh_groups"]
+from labkit.check.comm_time import all_reduce_seconds  # noqa: E402
+
+__all__ += ["all_reduce_seconds"]

@@ -33,6 +33,7 @@ from labkit.plan.step import (
     compute_bytes,
     decoder_memory,
     local_params,
+    recommender_memory,
     step_comm,
     step_flops,
 )
@@ -160,6 +161,9 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
     if is_decoder(model_config):
         memory = decoder_memory(model_config, layout, lever, measured, flash_attention)
         method = "counted per block, scaled"
+    elif is_recommender(model_config):
+        memory = recommender_memory(model_config, layout, lever)
+        method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
     memory_bound += 2 * (memory["parameters"] + memory["gradients"] + memory["optimizer"])

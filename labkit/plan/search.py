@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from labkit.layout.layout import Layout
+from labkit.plan.counts import is_recommender
 from labkit.plan.hardware import Cluster
 from labkit.plan.project import Projection, _time, step_costs
 from labkit.plan.rules import PlanError, check_layout
@@ -62,6 +63,9 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
                precisions=("bf16", "mixed"), checkpointing=(False, True)):
     """Every (layout, lever) the search tries."""
     world, heads_limit = cluster.world_size, cluster.gpus_per_node
+    if is_recommender(model_config):
+        yield from _recommender_candidates(cluster, global_batch, precisions)
+        return
     layers = getattr(model_config, "n_layers", 1)
     for tp in _powers_of_two(min(world, heads_limit)):
         for pp in _powers_of_two(world // tp):
@@ -77,6 +81,20 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
                                             schedule="1f1b" if pp > 1 else None,
                                             dp_kind="fsdp" if fsdp > 1 else None)
                             yield layout, Lever(global_batch, micro, precision, ckpt)
+
+
+def _recommender_candidates(cluster: Cluster, global_batch: int, precisions):
+    """A recommender's layouts: replicas, FSDP, and tables placed whole or split by rows over
+    all GPUs or inside each node (replicated across nodes: the hybrid used in production)."""
+    world, node = cluster.world_size, cluster.gpus_per_node
+    layouts = [Layout(dp=world, dp_kind="ddp"), Layout(fsdp=world, dp_kind="fsdp")]
+    for tables in ("table_wise", "row_wise"):
+        layouts.append(Layout(fsdp=world, tables=tables))
+        if 1 < node < world:
+            layouts.append(Layout(dp=world // node, fsdp=node, tables=tables))
+    for layout in layouts:
+        for precision in precisions:
+            yield layout, Lever(global_batch, 1, precision, False, "sgd")
 
 
 def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
