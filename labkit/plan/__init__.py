@@ -6,10 +6,11 @@ FLOPs and bytes, and checked against measurement on this machine.
     labkit.plan.search(GPT_70B, cluster, global_batch=512).best
 """
 
+from labkit.plan.calibrate import Calibration, calibrate
 from labkit.plan.hardware import GPU, GPUS, Cluster, gpu
 from labkit.plan.project import ASSUMPTIONS, Projection, project
 from labkit.plan.rules import PlanError
 from labkit.plan.search import SearchResult, search
 
-__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Cluster", "PlanError", "Projection", "SearchResult",
-           "gpu", "project", "search"]
+__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "PlanError", "Projection",
+           "SearchResult", "calibrate", "gpu", "project", "search"]
