@@ -224,6 +224,22 @@ def check_10(results: dict) -> None:
     assert results["check"]["status"] == "passed"
 
 
+def check_09(results: dict) -> None:
+    comparisons = results["comparisons"]
+    assert {c["ranks"] for c in comparisons} == {1, results["world_size"]}
+    assert all(c["projected_s"] > 0 and c["measured_s"] > 0 for c in comparisons)
+    assert results["error"]["runs"] == len(comparisons)  # the error stats cover every run
+    for n, calibration in results["calibration"].items():  # measured, never assumed
+        assert calibration["matmul_flops"] > 0 and calibration["op_overhead_s"] > 0
+        assert bool(calibration["links"]) == (int(n) > 1)
+    days = results["recommender_days"]  # more GPUs, placed by the planner: fewer days
+    assert days["8 x A100 (1 node)"] < days["1 x RTX 4090"]
+    for name, row in results["decoders"].items():
+        assert row["fits"] and 0 < row["mfu"] < 0.5, name
+        assert row["links"].get("tp", "in-node") == "in-node", name  # tp never crosses nodes
+    assert results["check"]["status"] == "passed"
+
+
 NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
@@ -256,6 +272,8 @@ NOTEBOOKS = {
     "08_long_sequences_and_experts": ({"seq_options": [256, 512], "memory_per_device": "4MiB",
                                        "capacity_factors": [0.5, 2.0], "moe_steps": 3,
                                        "interactive": False}, check_08),
+    "09_plan_a_real_run": ({"world_size": 2, "steps": 3, "calibration_runs": 3,
+                            "decoders": ["7B"], "interactive": False}, check_09),
     "10_when_a_gpu_dies": ({"world_size": 2, "d_hidden": 64, "n_layers": 3, "global_batch": 16,
                             "steps": 8, "checkpoint_every": 3, "kill_at_step": 5,
                             "interactive": False}, check_10),

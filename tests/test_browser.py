@@ -48,6 +48,7 @@ SLIDERS = {"01_the_memory_wall": ("model size", "ArrowRight"),
            "06_recommender_at_scale": ("table size", "ArrowRight"),
            "07_putting_it_together": ("tp", "ArrowLeft"),
            "08_long_sequences_and_experts": ("sequence length", "ArrowLeft"),
+           "09_plan_a_real_run": ("nodes", "ArrowRight"),
            "10_when_a_gpu_dies": ("GPU MTBF", "ArrowLeft")}
 RUN_ALL_TIMEOUT_S = 240
 

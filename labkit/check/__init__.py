@@ -29,3 +29,7 @@ __all__ += ["merge_attention"]
 from labkit.check.resume import training_state  # noqa: E402
 
 __all__ += ["training_state"]
+
+from labkit.check.comm_time import all_reduce_seconds  # noqa: E402
+
+__all__ += ["all_reduce_seconds"]

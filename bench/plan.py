@@ -1,0 +1,101 @@
+"""Benchmark: how far the planner's projections are from measured step times on this machine,
+how long a search of a 70B decoder on 1024 GPUs takes, and its projections of published runs.
+
+    python bench/plan.py          # 8 timed steps per run
+    python bench/plan.py --quick  # 4 timed steps per run, about a minute
+
+1. Search: ``labkit.plan.search`` of GPT_70B on 128 nodes x 8 H100 (1024 GPUs), global batch
+   1024, from cold caches (counting the model included); the best layout.
+2. Calibration and error: at 1, 2 and 4 CPU ranks, ``labkit.plan.calibrate`` measures this
+   machine (matmul FLOP/s, copy bandwidth, per-op cost, gloo collectives' alpha-beta); then
+   each classroom run of ``labkit.plan.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed) is
+   projected and trained; the relative error of the projected step against the measured
+   median step, per run, median and worst.
+3. Published runs, projected: Megatron-LM's GPT 175B on 1536 A100s and Llama 3 405B on 16384
+   H100s, their TFLOP/s per GPU beside the reported ones.
+The last line printed is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import labkit  # noqa: E402
+import labkit.plan as plan  # noqa: E402
+from labkit.layout import Layout  # noqa: E402
+from labkit.models import GPT_70B, GPTConfig  # noqa: E402
+from labkit.plan.checkrun import compare, error_stats  # noqa: E402
+
+PUBLISHED = {
+    # name: (model, layout, cluster, batch, micro-batches, reported TFLOP/s per GPU, note)
+    "megatron_gpt3_175b": (
+        GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96),
+        Layout(dp=12, tp=8, pp=16, schedule="1f1b"), plan.Cluster("A100-80GB", nodes=192),
+        1536, 128, 153.0, "Narayanan et al. 2021, Table 1 (counts recomputation)"),
+    "llama3_405b": (
+        GPTConfig(vocab_size=128000, seq_len=8192, d_model=16384, n_heads=128, n_layers=126),
+        Layout(fsdp=128, tp=8, pp=16, schedule="1f1b"), plan.Cluster("H100", nodes=2048),
+        2048, 16, 400.0, "Dubey et al. 2024, Table 4"),
+}
+
+
+def _search() -> dict:
+    start = time.perf_counter()
+    result = plan.search(GPT_70B, plan.Cluster("H100", gpus_per_node=8, nodes=128),
+                         global_batch=1024)
+    seconds = time.perf_counter() - start
+    best = result.best
+    print(f"search: 70B on 1024 H100s in {seconds:.2f} s: {len(result.fits)} fit, "
+          f"{len(result.rejected)} refused; best {best.layout} m={best.lever.micro_batches} "
+          f"{best.lever.precision} -> {best.step_s:.2f} s/step, MFU {best.mfu:.0%} (projected)")
+    return {"search_70b_1024_s": seconds, "search_fits": len(result.fits),
+            "search_best": str(best.layout)}
+
+
+def _published() -> dict:
+    out = {}
+    for name, (model, layout, cluster, batch, micro, reported, source) in PUBLISHED.items():
+        p = plan.project(model, layout, cluster, global_batch=batch, micro_batches=micro,
+                         precision="mixed", activation_checkpointing=True)
+        hardware = (p.costs.flops * layout.size) / p.step_s / layout.size / 1e12
+        print(f"{name}: fits={p.fits} peak {p.peak_bytes / 1e9:.0f} GB; projected "
+              f"{hardware:.0f} TFLOP/s per GPU (recomputation counted) vs reported "
+              f"{reported:.0f} ({source})")
+        out[name] = {"fits": p.fits, "projected_tflops": hardware, "reported_tflops": reported}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    figures = _search()
+    with labkit.Cluster(4, device="cpu", max_world_size=4, progress=False) as cluster:
+        comparisons, calibrations = compare(cluster, steps=4 if args.quick else 8,
+                                            quick=args.quick)
+    for n, c in calibrations.items():
+        print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, copy "
+              f"{c.memory_bandwidth / 1e9:.1f} GB/s, {c.op_overhead_s * 1e6:.0f} us per op"
+              + "".join(f"; {link}" for link in c.links.values()))
+    print(f"{'run':<16}{'ranks':>6}{'projected ms':>14}{'measured ms':>13}{'error':>8}")
+    for c in comparisons:
+        print(f"{c.name:<16}{c.world_size:>6}{c.predicted_s * 1e3:>14.1f}"
+              f"{c.measured_s * 1e3:>13.1f}{c.error:>+8.0%}")
+    stats = error_stats(comparisons)
+    print(f"median |error| {stats['median_abs_error']:.0%}, worst {stats['worst_abs_error']:.0%}"
+          f" (this machine is shared: other processes change step times between runs)")
+    figures.update(stats)
+    figures["runs"] = [{"name": c.name, "ranks": c.world_size, "projected_s": c.predicted_s,
+                        "measured_s": c.measured_s} for c in comparisons]
+    figures["published"] = _published()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Measure this machine, so that the planner's numbers for it are measured, not assumed.
+
+``calibrate(cluster)`` runs on every rank of ``cluster`` at once (ranks that share cores
+measure their share, as a training run would):
+
+* matmul FLOP/s: the median over three classroom shapes (the zoo's layers at classroom
+  sizes: a few thousand rows by 128 to 1024) of the median of a few timed float32 matmuls;
+* memory bandwidth: a large tensor copied (read + written);
+* an op's fixed cost: the training step of an MLP 8 wide (no arithmetic to speak of) over
+  the ops counted in it (on small models the framework, not the arithmetic, takes most of
+  a step: this is the term that sees it);
+* each collective's alpha and beta: ``labkit.comm.time_collectives`` over a few sizes and its
+  ``fit`` (two ranks at least).
+
+``Calibration.cluster()`` is a ``labkit.plan.Cluster`` of these figures (efficiency 1: the
+matmuls were measured), for ``project`` and ``search`` like any named cluster.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from labkit.comm.timing import time_collectives
+from labkit.models import MLPConfig, build_model, example_batch, loss_fn
+from labkit.plan.hardware import GPU, Cluster
+from labkit.plan.project import sample_ops
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
+SIZES = (1 << 12, 1 << 16, 1 << 20)  # 4 KiB .. 1 MiB: classroom runs' messages
+MATMULS = ((1024, 128, 512), (1024, 512, 128), (256, 1024, 1024))  # (rows, inner, columns)
+
+
+def _best(fn, repeats: int) -> float:
+    """The median of ``repeats`` timings (after a warm-up): the statistic a training report
+    gives for a step, so that a machine shared with other work is measured as runs see it."""
+    fn()  # warm-up: the allocator's first blocks, the kernels' first dispatch
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# A model so narrow that its arithmetic is nothing: its step is the framework's cost per op
+# (dispatch, autograd, the optimizer's loop), divided by the ops counted for it.
+TINY = MLPConfig(d_in=8, d_hidden=8, n_layers=4, d_out=2)
+
+
+def _tiny_step():
+    model = build_model(TINY)
+    optimizer = torch.optim.Adam(model.parameters())
+    inputs, targets = example_batch(TINY, 1)
+
+    def step():
+        optimizer.zero_grad()
+        loss_fn(TINY)(model(inputs), targets).backward()
+        optimizer.step()
+
+    return step
+
+
+def _measure_rank(ctx, repeats: int) -> dict:
+    """On each rank: matmul FLOP/s, copy bandwidth, seconds per tiny op."""
+    rates = []
+    for m, k, n in MATMULS:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        rates.append(2 * m * k * n / _best(lambda a=a, b=b: torch.mm(a, b), repeats))
+    big = torch.empty(4 << 20)  # 16 MiB of float32: past the caches
+    out = torch.empty_like(big)
+    copy_s = _best(lambda: out.copy_(big), repeats)
+    op_s = _best(_tiny_step(), repeats) / sample_ops(TINY)
+    return {"flops": sorted(rates)[len(rates) // 2], "bandwidth": 2 * big.numel() * 4 / copy_s,
+            "op_s": op_s}
+
+
+@dataclass
+class Calibration:
+    """This machine's figures, measured on ``world_size`` ranks at once."""
+
+    world_size: int
+    matmul_flops: float
+    memory_bandwidth: float
+    op_overhead_s: float
+    memory_bytes: float
+    links: dict = field(default_factory=dict)  # {kind: AlphaBeta}
+    oversubscribed: bool = False
+
+    def cluster(self) -> Cluster:
+        """A ``Cluster`` of this machine's ranks, every figure measured."""
+        link = self.links.get("all_reduce")
+        bandwidth = link.bandwidth if link is not None else float("inf")
+        here = GPU("this machine (measured)", self.memory_bytes, self.matmul_flops,
+                   self.matmul_flops, self.memory_bandwidth, self.world_size, bandwidth, 0.0,
+                   "measured by labkit.plan.calibrate", "one rank = one virtual GPU (a core)",
+                   measured=True)
+        alpha = link.alpha_s if link is not None else 0.0
+        return Cluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
+                       op_overhead_s=self.op_overhead_s, measured_links=dict(self.links))
+
+    def to_dict(self) -> dict:
+        return {"world_size": self.world_size, "matmul_flops": self.matmul_flops,
+                "memory_bandwidth": self.memory_bandwidth, "op_overhead_s": self.op_overhead_s,
+                "links": {k: v.to_dict() for k, v in self.links.items()},
+                "oversubscribed": self.oversubscribed}
+
+
+def calibrate(cluster, repeats: int = 5, kinds=KINDS,
+              sizes_bytes=SIZES) -> Calibration:
+    """Measure matmul FLOP/s, bandwidth and per-op cost on every rank of ``cluster`` (the
+    slowest rank's), and each collective's alpha-beta fit when it has 2 ranks or more."""
+    per_rank = cluster.run(_measure_rank, repeats)
+    links = {}
+    if cluster.world_size > 1:
+        sweep = time_collectives(cluster, kinds, sizes_bytes, repeats)
+        links = sweep.fits()
+    capacity = cluster.memory_per_device or 1 << 30
+    return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
+                       min(r["bandwidth"] for r in per_rank),
+                       max(r["op_s"] for r in per_rank), float(capacity), links,
+                       bool(getattr(cluster, "oversubscribed", False)))

@@ -1,0 +1,225 @@
+"""What one sample costs a zoo model, counted on tensors that hold no data.
+
+* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over one forward and backward of the
+  model built on the meta device (shapes only), one sample (FLOPs are linear in the batch).
+  With activation checkpointing the blocks' forward runs twice: their forward FLOPs are
+  counted again (PyTorch's counter sees the recomputation only when it runs).
+* Bytes read and written by memory-bound ops: embedding lookups (``aten.embedding``: the rows
+  gathered) and their backward (``embedding_dense_backward``: a gradient of the whole table
+  written). A recommender's tables are costed this way, not in FLOPs.
+* Per block (the GPT): parameters and the bytes autograd saves for backward per sample, for a
+  block split over ``tp`` ranks: the block is built with each rank's local shapes (qkv
+  3d/tp columns, proj d/tp rows, the MLP 4d/tp), the shapes DTensor's plan gives a rank.
+
+Everything is cached per config: a 70B decoder is counted once (a few seconds on 2 cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from labkit.models import DLRMConfig, GPTConfig, build_model, example_batch, loss_fn
+from labkit.models.gpt import Block
+
+_ATEN = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """One sample's counted costs on one device (no parallelism).
+
+    Attributes:
+        forward_flops, backward_flops: FLOPs of one sample's forward and backward.
+        block_forward_flops: the blocks' share of the forward (recomputed by checkpointing).
+        lookup_bytes: bytes embedding lookups read, and their backward writes, per sample.
+        table_bytes: bytes of the embedding tables' dense gradients written per step (a
+            dense ``nn.Embedding`` gradient is the whole table, whatever the batch).
+        params: parameter count.
+    """
+
+    forward_flops: float
+    backward_flops: float
+    block_forward_flops: float
+    lookup_bytes: float
+    table_bytes: float
+    params: int
+    other_bytes: float = 0.0  # read + written by the other non-matmul ops, per sample
+
+    @property
+    def flops(self) -> float:
+        return self.forward_flops + self.backward_flops
+
+
+# Ops whose cost is their FLOPs (FlopCounterMode counts them); every other op is costed by
+# the bytes it reads and writes.
+_MATMULS = {_ATEN.mm.default, _ATEN.addmm.default, _ATEN.bmm.default, _ATEN.baddbmm.default}
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class _EmbeddingBytes(TorchDispatchMode):
+    """Sums the bytes of embedding lookups' outputs (rows read) and of their backward, and
+    the bytes every other non-matmul op reads and writes (elementwise, norms, softmax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lookup = 0
+        self.table = 0
+        self.other = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        embedding = (_ATEN.embedding.default, _ATEN.embedding_dense_backward.default)
+        if func not in _MATMULS and func not in embedding and not _is_view(func):
+            self.other += _nbytes(args) + _nbytes(out)
+        if func is _ATEN.embedding.default:
+            self.lookup += out.numel() * out.element_size()
+        elif func is _ATEN.embedding_dense_backward.default:
+            rows = args[0]  # the gradient of the rows looked up: read, added into the table
+            self.lookup += rows.numel() * rows.element_size()
+            self.table += out.numel() * out.element_size()
+        return out
+
+
+def _block_names(model: nn.Module) -> tuple[str, ...]:
+    return tuple(name for name, m in model.named_modules() if isinstance(m, Block))
+
+
+@functools.lru_cache(maxsize=64)
+def sample_counts(model_config) -> SampleCounts:
+    """FLOPs and memory-bound bytes of one sample of ``model_config`` (cached).
+
+    A decoder's blocks are identical: it is counted with one block and with two, and the
+    difference scaled to its ``n_layers`` (``tests/test_plan.py`` checks this equals the count
+    of the whole model)."""
+    if is_decoder(model_config) and model_config.n_layers > 2:
+        one = traced_sample_counts(dataclasses.replace(model_config, n_layers=1))
+        two = traced_sample_counts(dataclasses.replace(model_config, n_layers=2))
+        extra = model_config.n_layers - 1
+        return SampleCounts(*(a + (b - a) * extra for a, b in zip(
+            dataclasses.astuple(one), dataclasses.astuple(two), strict=True)))
+    return traced_sample_counts(model_config)
+
+
+@functools.lru_cache(maxsize=64)
+def traced_sample_counts(model_config) -> SampleCounts:
+    """``sample_counts`` of the whole model, counted in one pass (no scaling)."""
+    model = build_model(model_config, device="meta")
+    inputs, targets = example_batch(model_config, 1, device="meta")
+    blocks = _block_names(model)
+    forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    lookups = _EmbeddingBytes()
+    with lookups:
+        with forward:
+            loss = loss_fn(model_config)(model(inputs), targets)
+        with backward:
+            loss.backward()
+    counts = forward.get_flop_counts()
+    block_flops = sum(sum(counts.get(f"GPT.{name}", {}).values()) for name in blocks)
+    params = sum(p.numel() for p in model.parameters())
+    # the dense table gradient is per step; lookups are per sample (batch of 1 here)
+    return SampleCounts(forward.get_total_flops(), backward.get_total_flops(), block_flops,
+                        lookups.lookup, lookups.table, params, lookups.other)
+
+
+def _is_view(func) -> bool:
+    return any(a.alias_info is not None and not a.alias_info.is_write
+               for a in func._schema.returns)
+
+
+@dataclass(frozen=True)
+class BlockCounts:
+    """One GPT block on one tp rank: its parameters and what autograd saves per sample."""
+
+    params: int  # this rank's parameters of one block
+    full_params: int  # the block's parameters before the split
+    saved_bytes: float  # bytes saved for backward per sample (fp32 compute), one block
+    input_bytes: float  # the block's input per sample (what checkpointing keeps)
+
+
+def _local_block(config: GPTConfig, tp: int) -> nn.Module:
+    """A block with one tp rank's shapes (the split of ``GPTPlan.tp_styles``)."""
+    with torch.device("meta"):
+        block = Block(config)
+        d = config.d_model
+        block.attn.qkv = nn.Linear(d, 3 * d // tp)
+        block.attn.proj = nn.Linear(d // tp, d)
+        block.mlp[0] = nn.Linear(d, 4 * d // tp)
+        block.mlp[2] = nn.Linear(4 * d // tp, d)
+    return block
+
+
+@functools.lru_cache(maxsize=64)
+def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) -> BlockCounts:
+    """Parameters and saved activations of one block of ``config`` on one of ``tp`` ranks.
+
+    ``flash_attention``: leave out the (seq x seq) attention weights that PyTorch's math
+    attention saves (CPU, meta); a GPU's fused attention keeps one row statistic instead
+    (FlashAttention; Dao et al., 2022): counted as (heads, seq) floats."""
+    block = _local_block(config, tp)
+    full = sum(p.numel() for p in _local_block(config, 1).parameters())
+    weights = {p.untyped_storage()._cdata for p in block.parameters()}
+    seen: set[int] = set()
+    saved = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal saved
+        storage = t.untyped_storage()
+        if storage._cdata not in seen | weights:  # weights are state, not activations
+            seen.add(storage._cdata)  # views of one storage (q, k, v of qkv) count once
+            square = t.dim() >= 2 and t.shape[-1] == t.shape[-2] == config.seq_len
+            if flash_attention and square:
+                saved += storage.nbytes() // config.seq_len // t.element_size() * 4
+            else:
+                saved += storage.nbytes()
+        return t
+
+    x = torch.zeros(1, config.seq_len, config.d_model, device="meta", requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    params = sum(p.numel() for p in block.parameters())
+    return BlockCounts(params, full, saved, x.numel() * x.element_size())
+
+
+def is_decoder(model_config) -> bool:
+    return isinstance(model_config, GPTConfig)
+
+
+def is_recommender(model_config) -> bool:
+    return isinstance(model_config, DLRMConfig)
+
+
+@functools.lru_cache(maxsize=64)
+def rest_saved_bytes(config: GPTConfig) -> float:
+    """Bytes saved for backward per sample outside the blocks (embeddings, final norm, head,
+    loss): a one-block model's, less its block's."""
+    model = build_model(dataclasses.replace(config, n_layers=1), device="meta")
+    inputs, targets = example_batch(config, 1, device="meta")
+    seen: set[int] = set()
+    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved = 0
+
+    def pack(t):
+        nonlocal saved
+        storage = t.untyped_storage()
+        if storage._cdata not in seen | weights:  # weights are state, not activations
+            seen.add(storage._cdata)
+            saved += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_fn(config)(model(inputs), targets)
+    return float(saved) - block_counts(config, 1).saved_bytes

@@ -1,0 +1,260 @@
+"""The time model: one layout's step on a cluster, from the step's counted costs.
+
+    step = compute + exposed communication + pipeline bubble
+
+* compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
+  the cluster's named assumption (``Cluster.efficiency``; measured matmuls on this machine).
+* communication: each (mesh dimension, collective) costs calls x alpha + what a rank sends on
+  a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses: a group
+  whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per node)
+  uses the node's GPU links, any other the network.
+* overlap: DDP's AllReduce runs during backward (buckets), so only what outlasts backward is
+  exposed, and never less than its last bucket; FSDP's all-gathers and reduce-scatters
+  likewise during forward and backward; tensor parallelism and pipeline sends are on the
+  critical path (exposed whole).
+* bubble: a pipeline of p stages and m micro-batches idles (p-1)/v micro-batch times per step
+  (v = stages per rank: 2 for interleaved 1F1B; GPipe and 1F1B both lose (p-1)).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from labkit.costs import ring_share
+from labkit.layout.layout import MESH_ORDER, Layout
+from labkit.memory.units import format_bytes
+from labkit.plan.counts import is_decoder, is_recommender, sample_counts
+from labkit.plan.hardware import Cluster
+from labkit.plan.step import (
+    Lever,
+    StepCosts,
+    compute_bytes,
+    decoder_memory,
+    local_params,
+    recommender_memory,
+    step_comm,
+    step_flops,
+)
+
+ASSUMPTIONS = (
+    "compute runs at the cluster's efficiency x peak FLOP/s (a named assumption on GPUs; "
+    "measured matmul throughput on this machine)",
+    "bandwidth-bound work (embedding lookups, the optimizer's pass over its state) runs at the "
+    "memory bandwidth",
+    "collectives follow alpha + bytes sent on a ring / link bandwidth; a group inside a node "
+    "uses the GPU links, a group across nodes the network",
+    "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
+    "pipeline sends are exposed",
+    "a pipeline idles (p-1)/v micro-batch times per step",
+)
+
+
+@dataclass
+class Projection:
+    """One layout on one cluster, projected (never measured).
+
+    Times are seconds per step; ``comm_s`` is each dimension's busy time, ``exposed_s`` what
+    of it the step waits for."""
+
+    model: object
+    layout: Layout
+    cluster: Cluster
+    lever: Lever
+    costs: StepCosts
+    compute_s: float
+    comm_s: dict[str, float]
+    exposed_s: dict[str, float]
+    bubble_s: float
+    links: dict[str, str] = field(default_factory=dict)
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + sum(self.exposed_s.values()) + self.bubble_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.lever.global_batch / self.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.costs.tokens / self.step_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs per second over the cluster's peak (no recomputation counted)."""
+        peak = self.cluster.gpu.peak_flops(self.lever.precision) * self.layout.size
+        return self.costs.model_flops / self.step_s / peak
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.costs.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.cluster.gpu.memory_bytes
+
+    def time_to_train(self, tokens: float | None = None, samples: float | None = None) -> dict:
+        """Wall-clock seconds, days and GPU-hours to train ``tokens`` (or ``samples``)."""
+        if (tokens is None) == (samples is None):
+            raise ValueError("give tokens= (decoders) or samples= (any model), one of them")
+        steps = (samples / self.lever.global_batch if samples is not None
+                 else tokens / self.costs.tokens)
+        seconds = steps * self.step_s
+        return {"seconds": seconds, "days": seconds / 86400,
+                "gpu_hours": seconds * self.layout.size / 3600}
+
+    def split(self) -> dict[str, float]:
+        return {"compute_s": self.compute_s, "exposed_comm_s": sum(self.exposed_s.values()),
+                "bubble_s": self.bubble_s, "step_s": self.step_s}
+
+    def summary(self) -> dict:
+        return {"layout": str(self.layout), "cluster": str(self.cluster),
+                "precision": self.lever.precision, "micro_batches": self.lever.micro_batches,
+                "activation_checkpointing": self.lever.activation_checkpointing,
+                **self.split(), "samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links}
+
+    def _repr_html_(self) -> str:
+        s = self.split()
+        return (f"<b>projected</b> {self.layout} on {self.cluster}: step "
+                f"{s['step_s'] * 1e3:.1f} ms (compute {s['compute_s'] * 1e3:.1f}, exposed "
+                f"comm {s['exposed_comm_s'] * 1e3:.1f}, bubble {s['bubble_s'] * 1e3:.1f}); "
+                f"MFU {self.mfu:.0%}; peak {format_bytes(self.peak_bytes)} per GPU of "
+                f"{format_bytes(self.cluster.gpu.memory_bytes)}"
+                f"<br><small>assumptions: {'; '.join(self.assumptions)}</small>")
+
+
+def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
+    """Whether ``dim``'s groups reach past one node (ranks are numbered tp innermost)."""
+    order = list(MESH_ORDER)
+    stride = math.prod(getattr(layout, d) for d in order[order.index(dim) + 1:])
+    return stride * getattr(layout, dim) > gpus_per_node
+
+
+def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: float,
+                  spans: bool) -> float:
+    fitted = getattr(cluster, "measured_links", None)
+    if fitted:  # this machine: each collective's own alpha and beta
+        fit = fitted.get(kind) or fitted["all_reduce"]
+        alpha, bandwidth = fit.alpha_s, fit.bandwidth
+    else:
+        alpha, bandwidth = cluster.link(spans)
+    return calls * alpha + ring_share(kind, group) * nbytes / bandwidth
+
+
+@functools.lru_cache(maxsize=4096)
+def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = False,
+               flash_attention: bool = True) -> StepCosts:
+    """The counted costs of one step on the worst rank (cached per layout)."""
+    flops, model_flops = step_flops(model_config, layout, lever)
+    params = local_params(model_config, layout)
+    counts = sample_counts(model_config)
+    samples_here = lever.global_batch / layout.data_size
+    # other_bytes is counted in fp32: a bf16 step moves about half
+    width = compute_bytes(lever.precision) / 4
+    memory_bound = ((counts.lookup_bytes + counts.other_bytes * width) * samples_here
+                    / (layout.tp * layout.pp) + counts.table_bytes)
+    if is_decoder(model_config):
+        memory = decoder_memory(model_config, layout, lever, measured, flash_attention)
+        method = "counted per block, scaled"
+    elif is_recommender(model_config):
+        memory = recommender_memory(model_config, layout, lever)
+        method = "tables per rank counted from the plan"
+    else:
+        memory, method = traced_memory(model_config, layout, lever)
+    memory_bound += 2 * (memory["parameters"] + memory["gradients"] + memory["optimizer"])
+    comm = step_comm(model_config, layout, lever, params, measured)
+    tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
+    return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
+                     tokens, method)
+
+
+def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
+    """Peak by category from ``estimate_memory`` (fake tensors, the real engines)."""
+    from labkit.memory.estimate import estimate_memory
+    from labkit.train.config import TrainConfig
+
+    config = TrainConfig(model=model_config, layout=layout, global_batch=lever.global_batch,
+                         micro_batches=lever.micro_batches if layout.pipelined else 1,
+                         grad_accumulation=1 if layout.pipelined else lever.micro_batches,
+                         precision=lever.precision, optimizer=lever.optimizer,
+                         activation_checkpointing=lever.activation_checkpointing)
+    estimate = estimate_memory(config, layout.size)
+    return {k: float(v) for k, v in estimate.at_peak.items()}, "traced on fake tensors"
+
+
+def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
+            micro_batches: int = 1, precision: str = "mixed",
+            activation_checkpointing: bool = False, optimizer: str = "adam") -> Projection:
+    """Project one training step of ``model_config`` with ``layout`` on ``cluster``."""
+    from labkit.plan.rules import check_layout
+
+    lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer)
+    check_layout(model_config, layout, cluster, lever)
+    measured = cluster.gpu.measured
+    costs = step_costs(model_config, layout, lever, measured, not measured)
+    return _time(model_config, layout, cluster, lever, costs)
+
+
+def _time(model_config, layout, cluster, lever, costs) -> Projection:
+    peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
+    compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
+               + cluster.op_overhead_s * _ops(model_config, layout, lever))
+    busy, links = {}, {}
+    for (dim, kind), (calls, nbytes) in costs.comm.items():
+        spans = spans_nodes(layout, dim, cluster.gpus_per_node)
+        links[dim] = "network" if spans else "in-node"
+        t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans)
+        busy[dim] = busy.get(dim, 0.0) + t
+    exposed = dict(busy)
+    backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
+    for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
+        if dim in busy:
+            calls = sum(c for (d, _), (c, _) in costs.comm.items() if d == calls_dim)
+            hide = backward if dim == "dp" else compute
+            if layout.data_engine == "naive":
+                hide = 0.0
+            exposed[dim] = max(busy[dim] - hide, busy[dim] / max(calls, 1))
+    bubble = 0.0
+    if layout.pipelined and layout.pp > 1:
+        per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches
+        bubble = (layout.pp - 1) / layout.stages_per_rank * per_micro
+    return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
+                      bubble, links)
+
+
+def _ops(model_config, layout: Layout, lever: Lever) -> float:
+    """Kernel launches per step on a rank (for a fixed per-op cost): the ops of one sample's
+    forward and backward, per micro-batch, on this rank's share of the layers."""
+    return sample_ops(model_config) * lever.micro_batches / layout.pp
+
+
+@functools.lru_cache(maxsize=64)
+def sample_ops(model_config) -> int:
+    """Operators one forward + backward + Adam step dispatches (counted on meta tensors)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from labkit.models import build_model, example_batch, loss_fn
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = build_model(model_config, device="meta")
+    inputs, targets = example_batch(model_config, 1, device="meta")
+    with Count():
+        loss_fn(model_config)(model(inputs), targets).backward()
+    del torch
+    return Count.n + 6 * len(list(model.parameters()))  # Adam: a few ops per tensor
+
+
+__all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "is_recommender", "project",
+           "spans_nodes", "step_costs"]

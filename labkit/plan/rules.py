@@ -1,0 +1,63 @@
+"""What a planned layout must pass on a named cluster; each refusal says what to change.
+
+These are the rules of a real run, not of labkit's CPU ranks (labkit runs pipelines in fp32
+only; a GPU run need not): the layout fills the cluster, tp divides the heads (or the MLP's
+width) and stays inside a node, the pipeline has layers and micro-batches enough, the batch
+splits over the data ranks and micro-batches.
+"""
+
+from __future__ import annotations
+
+from labkit.layout.layout import Layout
+from labkit.models import GPTConfig, MLPConfig, plan_for
+
+PRECISIONS = ("fp32", "bf16", "mixed")
+
+
+class PlanError(ValueError):
+    """A layout, batch or cluster the planner refuses, with the reason and the fix."""
+
+
+def check_layout(model_config, layout: Layout, cluster, lever) -> None:
+    """Raise ``PlanError`` unless ``layout`` can train ``model_config`` on ``cluster``."""
+    if lever.precision not in PRECISIONS:
+        raise PlanError(f"precision is one of {PRECISIONS}, not {lever.precision!r}")
+    if layout.size != cluster.world_size:
+        raise PlanError(f"the layout {layout} uses {layout.size} GPUs and the cluster {cluster}"
+                        f" has {cluster.world_size}: choose degrees whose product is "
+                        f"{cluster.world_size}")
+    if layout.tp > cluster.gpus_per_node:
+        raise PlanError(f"tp={layout.tp} would cross nodes ({cluster.gpus_per_node} GPUs per "
+                        "node): tensor parallelism talks in every layer and needs the node's "
+                        "links; keep tp <= GPUs per node")
+    if (layout.tp > 1 or layout.pipelined) and not isinstance(model_config, GPTConfig | MLPConfig):
+        raise PlanError("tensor parallelism splits the decoder's and the MLP's matrices; a "
+                        "recommender's tables are split over fsdp (tables='table_wise')")
+    if layout.tp > 1:
+        try:
+            plan_for(model_config).check_tp(model_config, layout.tp)
+        except ValueError as error:
+            raise PlanError(str(error)) from None
+    _check_batch(layout, lever)
+    if layout.pipelined:
+        _check_pipeline(model_config, layout, lever)
+
+
+def _check_batch(layout: Layout, lever) -> None:
+    split = layout.data_size * lever.micro_batches
+    if lever.global_batch % split:
+        raise PlanError(f"global batch {lever.global_batch} does not split over "
+                        f"{layout.data_size} data ranks x {lever.micro_batches} micro-batches:"
+                        f" choose a multiple of {split}")
+
+
+def _check_pipeline(model_config, layout: Layout, lever) -> None:
+    layers = getattr(model_config, "n_layers", 0)
+    if layers < layout.pp:
+        raise PlanError(f"{layout.pp} stages need {layout.pp} layers at least; the model has "
+                        f"{layers}")
+    schedule = layout.pipeline_schedule
+    if schedule in ("1f1b", "interleaved_1f1b") and lever.micro_batches < layout.pp:
+        raise PlanError(f"1F1B keeps {layout.pp} stages busy only with {layout.pp} "
+                        f"micro-batches or more (got {lever.micro_batches}): the batch per "
+                        "data rank is too small for this pipeline")

@@ -1,0 +1,142 @@
+"""Search the layouts of a cluster: every one that fits, fastest first, and why each other
+one was refused.
+
+The enumeration covers each field of ``labkit.Layout`` that splits ranks (``MESH_ORDER``:
+pp, dp, fsdp, tp, and any dimension added later is left at 1 here), with the levers of a
+``TrainConfig``: micro-batches, precision, activation checkpointing. Degrees are powers of
+two that divide the cluster; tp stays inside a node. Each candidate is projected with the
+counted, per-block-scaled costs (``project.step_costs``, cached per layout), so a 70B decoder
+on 1024 GPUs is searched in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from labkit.layout.layout import Layout
+from labkit.plan.counts import is_recommender
+from labkit.plan.hardware import Cluster
+from labkit.plan.project import Projection, _time, step_costs
+from labkit.plan.rules import PlanError, check_layout
+from labkit.plan.step import Lever
+
+
+@dataclass
+class SearchResult:
+    """Layouts that fit, fastest first, and each refusal with its reason."""
+
+    fits: list[Projection]
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> Projection:
+        if not self.fits:
+            reasons = sorted({reason.split(":")[0] for _, reason in self.rejected})
+            raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) +
+                            ". Add GPUs or nodes, a GPU with more memory, or a smaller batch")
+        return self.fits[0]
+
+    def table(self, top: int = 10) -> list[dict]:
+        return [p.summary() for p in self.fits[:top]]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, d = [], 1
+    while d <= limit:
+        if limit % d == 0:
+            out.append(d)
+        d *= 2
+    return out
+
+
+def _data_splits(data: int, per_node: int) -> list[tuple[int, int]]:
+    """(dp, fsdp): plain replicas, FSDP over all, HSDP sharded inside a node."""
+    out = {(data, 1), (1, data)}
+    if 1 < per_node < data and data % per_node == 0:
+        out.add((data // per_node, per_node))
+    return sorted(out)
+
+
+def candidates(model_config, cluster: Cluster, global_batch: int,
+               precisions=("bf16", "mixed"), checkpointing=(False, True)):
+    """Every (layout, lever) the search tries."""
+    world, heads_limit = cluster.world_size, cluster.gpus_per_node
+    if is_recommender(model_config):
+        yield from _recommender_candidates(cluster, global_batch, precisions)
+        return
+    layers = getattr(model_config, "n_layers", 1)
+    for tp in _powers_of_two(min(world, heads_limit)):
+        for pp in _powers_of_two(world // tp):
+            if pp > layers:
+                continue
+            data = world // tp // pp
+            per_node = max(1, cluster.gpus_per_node // tp)
+            for dp, fsdp in _data_splits(data, per_node):
+                for micro in _micro_batches(global_batch, dp * fsdp, pp):
+                    for precision in precisions:
+                        for ckpt in checkpointing:
+                            layout = Layout(dp=dp, fsdp=fsdp, tp=tp, pp=pp,
+                                            schedule="1f1b" if pp > 1 else None,
+                                            dp_kind="fsdp" if fsdp > 1 else None)
+                            yield layout, Lever(global_batch, micro, precision, ckpt)
+
+
+def _recommender_candidates(cluster: Cluster, global_batch: int, precisions):
+    """A recommender's layouts: replicas, FSDP, and tables placed whole or split by rows over
+    all GPUs or inside each node (replicated across nodes: the hybrid used in production)."""
+    world, node = cluster.world_size, cluster.gpus_per_node
+    layouts = [Layout(dp=world, dp_kind="ddp"), Layout(fsdp=world, dp_kind="fsdp")]
+    for tables in ("table_wise", "row_wise"):
+        layouts.append(Layout(fsdp=world, tables=tables))
+        if 1 < node < world:
+            layouts.append(Layout(dp=world // node, fsdp=node, tables=tables))
+    for layout in layouts:
+        for precision in precisions:
+            yield layout, Lever(global_batch, 1, precision, False, "sgd")
+
+
+def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
+    per_rank = global_batch // data if global_batch >= data else 0
+    if per_rank == 0:
+        return [1]
+    if pp == 1:
+        return [m for m in (1, 2, 4, 8, 16) if per_rank % m == 0]
+    return [m for m in (pp, 2 * pp, 4 * pp, 8 * pp) if m <= per_rank and per_rank % m == 0] \
+        or [pp]
+
+
+def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
+           checkpointing=(False, True)) -> SearchResult:
+    """Project every candidate layout; return those that fit, fastest first."""
+    if precisions is None:
+        precisions = ("fp32",) if cluster.gpu.measured else ("bf16", "mixed")
+    start = time.perf_counter()
+    fits, rejected = [], []
+    measured = cluster.gpu.measured
+    for layout, lever in candidates(model_config, cluster, global_batch, precisions,
+                                    checkpointing):
+        label = (f"{layout} m={lever.micro_batches} {lever.precision}"
+                 f"{' ckpt' if lever.activation_checkpointing else ''}")
+        try:
+            check_layout(model_config, layout, cluster, lever)
+        except PlanError as error:
+            rejected.append((label, str(error)))
+            continue
+        costs = step_costs(model_config, layout, lever, measured, not measured)
+        projection = _time(model_config, layout, cluster, lever, costs)
+        if not projection.fits:
+            rejected.append((label, _overflow(projection)))
+            continue
+        fits.append(projection)
+    fits.sort(key=lambda p: p.step_s)
+    return SearchResult(fits, rejected, time.perf_counter() - start)
+
+
+def _overflow(projection: Projection) -> str:
+    memory = projection.costs.memory
+    largest = max(memory, key=memory.get)
+    return (f"out of memory: {projection.peak_bytes / 1e9:.1f} GB per GPU > "
+            f"{projection.cluster.gpu.memory_bytes / 1e9:.0f} GB ({largest} "
+            f"{memory[largest] / 1e9:.1f} GB is the largest part)")

@@ -1,0 +1,302 @@
+"""What one training step costs one rank of a layout: FLOPs, memory-bound bytes, memory by
+category, and the bytes of every collective per mesh dimension.
+
+The counts come from ``counts.py`` (one sample, one block, counted on meta tensors); this file
+scales them by the layout, each rule in one place:
+
+* FLOPs per rank: the model's per-sample FLOPs x samples in the step / ranks (data
+  parallelism splits samples, tensor parallelism each matmul, a pipeline the layers), plus the
+  blocks' forward again under activation checkpointing.
+* Memory per rank, for decoders (any size, no trace): the state of this rank's parameters
+  (``labkit.costs.model_state_bytes``: ZeRO-3 over fsdp, ZeRO-1 over dp for "zero1"), the
+  activations autograd saves per block per sample (counted for one tp rank's block) x blocks
+  on the stage x samples per micro-batch x micro-batches in flight (1; a 1F1B stage holds pp,
+  GPipe all of them), and FSDP's two gathered blocks. Other models (the MLP, the DLRM) are
+  traced whole by ``labkit.memory.estimate_memory`` (they are small, or their size is tables).
+* Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
+  sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
+  activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
+  the parameters in forward and again in backward per micro-batch, a reduce-scatter of the
+  gradients; pp: a send of the activations forward and of their gradient backward per
+  micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
+from labkit.layout.layout import Layout
+from labkit.models import build_model, plan_for
+from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
+
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class Lever:
+    """The per-run choices besides the layout (the ``TrainConfig`` levers)."""
+
+    global_batch: int
+    micro_batches: int = 1
+    precision: str = "mixed"  # "fp32", "bf16", "mixed"
+    activation_checkpointing: bool = False
+    optimizer: str = "adam"
+
+
+@dataclass
+class StepCosts:
+    """One rank's costs of one step.
+
+    Attributes:
+        flops: FLOPs this rank computes (recomputation included).
+        model_flops: the model's FLOPs per step over all ranks (no recomputation): MFU's top.
+        memory_bound_bytes: bytes moved by ops that are bandwidth-bound (embedding lookups and
+            their gradients, the optimizer's pass over its state).
+        memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
+        samples, tokens: per step, all ranks.
+    """
+
+    flops: float
+    model_flops: float
+    memory_bound_bytes: float
+    memory: dict[str, float]
+    comm: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    samples: int = 0
+    tokens: int = 0
+    memory_method: str = "counted per block, scaled"
+
+    @property
+    def peak_bytes(self) -> float:
+        return sum(self.memory.values())
+
+
+def _zero_stage(layout: Layout) -> tuple[int, int]:
+    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine."""
+    engine = layout.data_engine
+    if engine == "fsdp":
+        return 3, layout.fsdp
+    if engine == "zero1":
+        return 1, layout.dp
+    return 0, 1
+
+
+def _state_precision(precision: str, measured: bool) -> str:
+    """The ``model_state_bytes`` row: labkit's own "mixed" keeps fp32 weights (the "fp32"
+    row); on a GPU cluster "mixed" is the usual recipe (bf16 weights and gradients, fp32
+    master weights and Adam moments: the ZeRO paper's "mixed" row)."""
+    return "fp32" if precision == "mixed" and measured else precision
+
+
+def compute_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@functools.lru_cache(maxsize=64)
+def _tp_pairs(model_config) -> list[tuple[int, int]]:
+    """(column layer's input width, row layer's output width) of each tp pair, once per
+    model; an AllReduce of a micro-batch's activations of that width runs in backward (at the
+    column layer's input) and in forward (at the row layer's output)."""
+    if is_decoder(model_config) and model_config.n_layers > 1:  # identical blocks
+        return _tp_pairs(replace_layers(model_config, 1)) * model_config.n_layers
+    model = build_model(model_config, device="meta")
+    modules = dict(model.named_modules())
+    styles = plan_for(model_config).tp_styles(model)
+    cols = [modules[n].in_features for n, s in styles.items() if isinstance(s, ColwiseParallel)]
+    rows = [modules[n].out_features for n, s in styles.items() if isinstance(s, RowwiseParallel)]
+    return list(zip(cols, rows, strict=True))
+
+
+def _tokens_per_sample(model_config) -> int:
+    return getattr(model_config, "seq_len", 1)
+
+
+def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float]:
+    """(FLOPs of this rank, model FLOPs of the step over all ranks)."""
+    counts = sample_counts(model_config)
+    model = counts.flops * lever.global_batch
+    recompute = counts.block_forward_flops * lever.global_batch if (
+        lever.activation_checkpointing) else 0.0
+    return (model + recompute) / layout.size, model
+
+
+def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
+                   flash_attention: bool = True) -> dict[str, float]:
+    """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
+    blocks = block_counts(model_config, layout.tp, flash_attention)
+    per_stage = math.ceil(model_config.n_layers / layout.pp)
+    counts = sample_counts(model_config)
+    rest = counts.params - model_config.n_layers * blocks.full_params
+    # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
+    ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
+                                           _head_params(model_config))
+    local = ends + per_stage * blocks.params
+    stage, shards = _zero_stage(layout)
+    state = model_state_bytes(local, shards, stage, _state_precision(lever.precision,
+                                                                     measured))
+    micro = lever.global_batch // layout.data_size // lever.micro_batches
+    width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
+    if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
+        in_blocks = per_stage * blocks.input_bytes
+        recompute = blocks.saved_bytes
+    else:
+        in_blocks, recompute = per_stage * blocks.saved_bytes, 0.0
+    rest = rest_saved_bytes(model_config)
+    if layout.pp == 1:
+        per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
+    else:  # the first stage holds the most micro-batches, the last the head's logits
+        first = in_blocks * _in_flight(layout, lever)
+        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
+        per_sample = max(first, last + rest) + recompute
+    activations = per_sample * width * micro
+    other = 0.0
+    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
+        other += 2 * blocks.params * compute_bytes(lever.precision)
+    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            "optimizer": state["optimizer"], "activations": activations, "other": other}
+
+
+def _head_params(model_config) -> int:
+    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
+
+
+def _in_flight(layout: Layout, lever: Lever) -> int:
+    """Micro-batches whose activations a stage holds at once (the first stage's)."""
+    schedule = layout.pipeline_schedule
+    if schedule is None:
+        return 1
+    if schedule in ("gpipe", "naive"):
+        return lever.micro_batches
+    return min(layout.pp, lever.micro_batches)
+
+
+def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
+              measured: bool = False) -> dict[tuple[str, str], tuple[int, float]]:
+    """{(dim, collective): (calls, tensor bytes)} one rank issues in one step."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
+    m = lever.micro_batches
+    micro = lever.global_batch // layout.data_size // m
+    act = compute_bytes(lever.precision)  # activations travel in the compute dtype
+    tokens = micro * _tokens_per_sample(model_config)
+    if layout.tp > 1:
+        pairs = _tp_pairs(model_config)
+        share = 1 / layout.pp  # a stage's share of the pairs
+        calls = 2 * len(pairs) * m * share
+        out[("tp", "all_reduce")] = (round(calls), sum(c + r for c, r in pairs) * tokens * act
+                                     * m * share)
+    if layout.pp > 1:
+        width = getattr(model_config, "d_model", 0) or model_config.d_hidden
+        # a middle stage sends activations forward and gradients backward; an end stage one
+        sends = m if layout.pp == 2 else 2 * m
+        out[("pp", "send")] = (sends, sends * tokens * width * act)
+    grads = local_params * (4 if lever.precision != "bf16" else 2)
+    engine = layout.data_engine
+    if engine == "tables":
+        out.update(_table_comm(model_config, layout, lever))
+        return out
+    if engine == "fsdp":
+        # FSDP2 gathers each block in forward and again in backward, the root (embeddings,
+        # head) once: it stays gathered from its forward to its backward
+        units = _units(model_config, layout)
+        blocks = _block_share(model_config, layout, local_params)
+        gathered = (local_params + blocks) * compute_bytes(lever.precision)
+        if layout.fsdp > 1:
+            out[("fsdp", "all_gather")] = ((2 * units - 1) * m, m * gathered)
+            out[("fsdp", "reduce_scatter")] = (units, grads)
+        if layout.dp > 1:
+            out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
+    elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
+        out[("dp", "all_reduce")] = (max(1, math.ceil(grads / DDP_BUCKET_BYTES)), grads)
+        if engine == "zero1":
+            out[("dp", "broadcast")] = (1, local_params * 4)
+    return out
+
+
+def _block_share(model_config, layout: Layout, local: float) -> float:
+    """Parameters of a rank's FSDP units other than the root (its blocks or linears)."""
+    if is_decoder(model_config):
+        return math.ceil(model_config.n_layers / layout.pp) * block_counts(
+            model_config, layout.tp).params
+    return local  # the MLP: every linear is a unit, the root holds none
+
+
+def _units(model_config, layout: Layout) -> int:
+    """FSDP units on a rank: each block (each linear of the MLP) and the root."""
+    layers = getattr(model_config, "n_layers", 1)
+    return math.ceil(layers / layout.pp) + 1
+
+
+def replace_layers(model_config, n_layers: int):
+    return dataclasses.replace(model_config, n_layers=n_layers)
+
+
+def local_params(model_config, layout: Layout) -> float:
+    """Parameters one rank holds before any ZeRO sharding (split by tp and pp)."""
+    counts = sample_counts(model_config)
+    if is_decoder(model_config):
+        blocks = block_counts(model_config, layout.tp)
+        rest = counts.params - model_config.n_layers * blocks.full_params
+        per_stage = math.ceil(model_config.n_layers / layout.pp)
+        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
+                                               _head_params(model_config))
+        return ends + per_stage * blocks.params
+    return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
+
+
+def recommender_memory(model_config, layout: Layout, lever: Lever) -> dict[str, float]:
+    """Peak bytes by category on the worst rank of a DLRM layout (no trace).
+
+    Tables: whole tables spread over the fsdp group (table_wise: the fullest rank holds
+    ceil(tables / fsdp) of them; labkit's planner balances equal tables so), rows split
+    (row_wise), or every table on every rank (replicas). FSDP without ``tables`` shards all
+    state. The dense MLPs are replicated; activations are the batch's looked-up rows and the
+    MLPs' outputs, small beside the tables."""
+    counts = sample_counts(model_config)
+    table = model_config.rows_per_table * model_config.embedding_dim
+    tables = model_config.num_tables * table
+    dense = counts.params - tables
+    if layout.tables == "table_wise":
+        here = math.ceil(model_config.num_tables / layout.fsdp) * table
+    elif layout.tables is not None:
+        here = tables / layout.fsdp
+    else:
+        here = tables
+    stage, shards = _zero_stage(layout) if layout.tables is None else (0, 1)
+    state = model_state_bytes(here + dense, shards, stage, "fp32" if lever.precision ==
+                              "mixed" else lever.precision)
+    optimizer = state["optimizer"] * OPTIMIZER_STATE_COPIES[lever.optimizer] / 2
+    micro = lever.global_batch / layout.data_size / lever.micro_batches
+    width = model_config.embedding_dim * (model_config.num_tables + 1)
+    activations = micro * (width + model_config.bottom_hidden + model_config.top_hidden) * 4 * 4
+    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            "optimizer": optimizer, "activations": activations, "other": 0.0}
+
+
+def _table_comm(model_config, layout: Layout, lever: Lever) -> dict:
+    """A DLRM whose tables are placed over fsdp: ids gathered and rows exchanged (table-wise)
+    or partial rows reduce-scattered and their gradients gathered (row-wise), the dense MLPs'
+    gradients averaged over every rank, the tables' over dp (replicated across groups)."""
+    group_batch = lever.global_batch // layout.dp  # the samples one table group serves
+    tables, dim = model_config.num_tables, model_config.embedding_dim
+    rows = group_batch * tables * dim * 4  # the looked-up vectors of the group's batch
+    out = {}
+    if layout.fsdp > 1:
+        if layout.tables == "table_wise":
+            out[("fsdp", "all_gather")] = (1, group_batch * tables * 8)
+            out[("fsdp", "all_to_all")] = (2, 2 * rows)
+        else:
+            out[("fsdp", "reduce_scatter")] = (1, rows)
+            out[("fsdp", "all_gather")] = (1, rows)
+    counts = sample_counts(model_config)
+    dense = counts.params - tables * model_config.rows_per_table * dim
+    if layout.size > 1:
+        out[("fsdp" if layout.fsdp > 1 else "dp", "all_reduce")] = (1, dense * 4)
+    if layout.dp > 1:
+        here = model_config.rows_per_table * dim * math.ceil(tables / layout.fsdp)
+        out[("dp", "all_reduce")] = (1, here * 4 + dense * 4)
+    return out
