@@ -54,13 +54,20 @@ _SKIP = [
     re.compile(r"\b(?:rank|device|stage|micro-batch|table|layer|step)s? \d+\b", re.I),
     # formulas in the rank count N, stages p, micro-batches m: 2(N-1)/N, (p-1)/(m+p-1), 1/N
     re.compile(r"[\d()+\-*/x ]*\b[Npm]\b(?:\s*[-+*/=x]\s*[\d()Npm+\-*/ ]+)+"),
-    re.compile(r"\d+\s*/\s*[Npm]\b|\b[Npm]\s*[-+*/x]\s*\d+|\(\s*\d"),
+    re.compile(r"\d+\s*/\s*[Npm]\b|\b[Npm]\s*[-+*/x]\s*\d+"),
 ]
+# Numbers glued to a sign that would hide them from _NUMBER: "x4" (a factor written first),
+# "2-4" and "2–4" (a range: both ends are claims). Applied after the skips above, so that
+# formulas and names ("GPT-3") are gone by then.
+_UNGLUE = [(re.compile(r"(?<![\w.])[x×](?=\d)"), " "),
+           (re.compile(r"(?<=\d)[-–](?=\d)"), " to ")]
 
 
 def _strip(text: str, stem: str) -> str:
     for pattern in _SKIP:
         text = pattern.sub(" ", text)
+    for pattern, replacement in _UNGLUE:
+        text = pattern.sub(replacement, text)
     for where, phrase, _why in ALLOWED:
         if where in ("*", stem):
             text = re.sub(r"\s+".join(map(re.escape, phrase.split())), " ", text)

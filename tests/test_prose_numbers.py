@@ -40,6 +40,17 @@ def test_a_printed_number_is_accepted_at_the_precision_written(said, printed):
     assert unprinted_numbers(_notebook(said, printed=printed), "x") == []
 
 
+@pytest.mark.parametrize("said, hidden", [
+    ("It runs (1.8x faster) on GPUs.", "1.8x"),         # was skipped whole after "("
+    ("It costs (16 bytes per parameter).", "16"),       # was read as "6"
+    ("With accumulation x4 it fits.", "4"),             # a factor written first
+    ("The boundary is flat from 2-4 ranks.", "4"),      # a range's far end
+])
+def test_a_number_in_brackets_after_an_x_or_ending_a_range_is_still_a_claim(said, hidden):
+    found = unprinted_numbers(_notebook(said), "x")
+    assert any(f"{hidden!r}" in line for line in found), found
+
+
 def test_a_printed_number_at_another_precision_is_not_accepted():
     assert unprinted_numbers(_notebook("It takes 1.5 times as long.", printed="1.58"), "x")
 
