@@ -51,6 +51,20 @@ def test_a_number_in_brackets_after_an_x_or_ending_a_range_is_still_a_claim(said
     assert any(f"{hidden!r}" in line for line in found), found
 
 
+def test_only_a_cell_the_prose_can_point_at_backs_its_number():
+    notebook = _notebook("Each parameter costs 16 bytes.")
+    notebook["cells"].append({"cell_type": "code", "metadata": {}, "source": "later()",
+                              "outputs": [{"output_type": "stream", "text": "batch 16"}]})
+    assert unprinted_numbers(notebook, "x") == []  # the next cell prints it
+    notebook["cells"].insert(3, {"cell_type": "markdown", "metadata": {}, "source": "More."})
+    assert unprinted_numbers(notebook, "x")  # printed further down, for another reason
+
+
+def test_a_fraction_backs_a_percentage_not_a_plain_number():
+    assert unprinted_numbers(_notebook("It saves 20 percent.", printed="0.2013"), "x") == []
+    assert unprinted_numbers(_notebook("It takes 20 steps.", printed="loss 0.2013"), "x")
+
+
 def test_a_printed_number_at_another_precision_is_not_accepted():
     assert unprinted_numbers(_notebook("It takes 1.5 times as long.", printed="1.58"), "x")
 
