@@ -50,3 +50,14 @@ def test_a_run_keeps_the_levers_it_really_ran_with_and_the_picker_no_stale_run()
         other = config.replace(global_batch=8)
         with pytest.raises(ValueError, match="another configuration"):
             LeverPicker(cluster, other, [seeded])
+
+
+def test_the_picker_message_compares_only_with_a_plain_run_that_fitted():
+    from labkit.train.levers import LeverRun
+    from labkit.widgets.levers import _message
+
+    failed = LeverRun("plain", {}, {"activations": 9 << 20}, 9 << 20, 0, None, {},
+                      {"requested": 1 << 20, "capacity": 8 << 20})
+    fits = LeverRun("checkpointing", {}, {"activations": 6 << 20}, 6 << 20, 6 << 20, 0.02, {})
+    said = _message(failed, fits)
+    assert "nan" not in said and "below the plain" not in said and "did not fit" in said
