@@ -86,3 +86,9 @@ def test_the_hook_marks_issue_and_completion_on_the_ranks_clock(cluster):
     # so both marks must be the clock's (CUDA events there, resolved after backward)
     for kinds in cluster.run(_marks_on_rank):
         assert kinds and set(kinds) == {"_StandInEvent"}
+
+
+@pytest.mark.parametrize("batch", [0, -2, "32", 32.0])
+def test_a_bad_global_batch_is_refused_before_any_rank_runs(cluster, batch):
+    with pytest.raises(ValueError, match="global_batch"):
+        bucket_timeline(cluster, "mlp", batch, 25)

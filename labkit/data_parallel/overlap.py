@@ -129,6 +129,9 @@ def bucket_timeline(cluster, model, global_batch: int = 64,
     from labkit.models import config_for
 
     check_bucket_cap(bucket_cap_mb)
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch is a positive whole number of samples, not "
+                         f"{global_batch!r}")
     if global_batch % cluster.world_size:
         raise ValueError(f"global_batch ({global_batch}) must split evenly over "
                          f"{cluster.world_size} ranks")
