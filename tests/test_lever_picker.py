@@ -50,6 +50,9 @@ def test_a_run_keeps_the_levers_it_really_ran_with_and_the_picker_no_stale_run()
         other = config.replace(global_batch=8)
         with pytest.raises(ValueError, match="another configuration"):
             LeverPicker(cluster, other, [seeded])
+    with labkit.Cluster(1, memory_per_device="64MiB") as capped:  # same config, other cap
+        with pytest.raises(ValueError, match="another cluster or capacity"):
+            LeverPicker(capped, config, [seeded])
 
 
 def test_the_picker_message_compares_only_with_a_plain_run_that_fitted():

@@ -34,7 +34,7 @@ class LeverRun:
     step_s: float | None  # median step, measured here; None when it ran out of memory
     category_peaks: dict[str, int]  # each category's own highest value (not at one moment)
     oom: dict | None = None
-    base: str = ""  # the configuration without its levers (``base_of``): what was trained
+    base: str = ""  # the config without its levers and the cluster (``base_of``)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -58,17 +58,18 @@ def levers_of(config: TrainConfig) -> dict:
             "precision": config.precision, "grad_accumulation": config.grad_accumulation}
 
 
-def base_of(config: TrainConfig) -> str:
-    """What a run depends on besides its levers: two runs compare only on the same base."""
-    return repr(config.replace(activation_checkpointing=False, precision="fp32",
-                               grad_accumulation=1))
+def base_of(config: TrainConfig, cluster) -> str:
+    """What a run depends on besides its levers (the config's other fields, the ranks and
+    their capacity): two runs compare only on the same base."""
+    plain = config.replace(activation_checkpointing=False, precision="fp32", grad_accumulation=1)
+    return repr((plain, cluster.world_size, cluster.memory_per_device))
 
 
 def run_lever(cluster, config: TrainConfig, options: dict) -> LeverRun:
     """Train ``config`` with ``options`` on ``cluster`` (its capacity applies). The run keeps
     the levers it trained with, the config's own included (``options`` may change some)."""
     changed = config.replace(**options)
-    ran, base = levers_of(changed), base_of(changed)
+    ran, base = levers_of(changed), base_of(changed, cluster)
     try:
         report = train(cluster, changed)
     except DeviceOOM as oom:
@@ -95,11 +96,11 @@ class LeverPicker:
 
     def __init__(self, cluster, config: TrainConfig, runs: list[LeverRun] = ()):
         self.cluster, self.config = cluster, config
-        stale = [run.name for run in runs if run.base != base_of(config)]
+        stale = [run.name for run in runs if run.base != base_of(config, cluster)]
         if stale:
-            raise ValueError(f"runs {stale} were trained with another configuration than "
-                             f"this picker's; pass the runs of try_levers(cluster, config) for "
-                             f"the same config, or none")
+            raise ValueError(f"runs {stale} were trained with another configuration (or on "
+                             f"another cluster or capacity) than this picker's; pass the runs "
+                             f"of try_levers(cluster, config) for the same both, or none")
         self._cache = {self._key(run.options): run for run in runs}
 
     @staticmethod
