@@ -92,3 +92,17 @@ def test_the_hook_marks_issue_and_completion_on_the_ranks_clock(cluster):
 def test_a_bad_global_batch_is_refused_before_any_rank_runs(cluster, batch):
     with pytest.raises(ValueError, match="global_batch"):
         bucket_timeline(cluster, "mlp", batch, 25)
+
+
+def test_the_explorer_refuses_a_timeline_of_another_model_or_batch(cluster):
+    from labkit.widgets import bucket_explorer
+
+    model = sized("mlp", 5e5)
+    measured = bucket_timeline(cluster, model, 32, 25)
+    figure = bucket_explorer(cluster, model, 32, caps=(25,), interactive=False,
+                             measured=[measured])  # the same setup: drawn from the cache
+    assert figure is not None
+    for other_model, other_batch in ((sized("mlp", 2e5), 32), (model, 16)):
+        with pytest.raises(ValueError, match="another model, batch or cluster"):
+            bucket_explorer(cluster, other_model, other_batch, caps=(25,), interactive=False,
+                            measured=[measured])

@@ -37,6 +37,7 @@ class BucketTimeline:
     backward_s: float
     ddp_buckets: int
     ranks: list[dict] = field(default_factory=list)
+    setup: str = ""  # what else was run (``timeline_setup``): a cache compares it
 
     @property
     def compute_end_s(self) -> float:
@@ -123,6 +124,14 @@ def check_bucket_cap(bucket_cap_mb) -> None:
                          f"{bucket_cap_mb}")
 
 
+def timeline_setup(cluster, model, global_batch: int) -> str:
+    """Everything a timeline depends on but its cap: the model config, batch and ranks."""
+    from labkit.models import config_for
+
+    config = config_for(model) if isinstance(model, str) else model
+    return repr((config, global_batch, cluster.world_size, cluster.device))
+
+
 def bucket_timeline(cluster, model, global_batch: int = 64,
                     bucket_cap_mb: float = 25.0) -> BucketTimeline:
     """One DDP step's buckets on ``cluster`` for zoo ``model`` (a config, or a name)."""
@@ -140,4 +149,5 @@ def bucket_timeline(cluster, model, global_batch: int = 64,
     first = ranks[0]
     return BucketTimeline(type(config).__name__.removesuffix("Config").lower(), bucket_cap_mb,
                           cluster.world_size, first["buckets"], first["backward_s"],
-                          first["ddp_buckets"], ranks)
+                          first["ddp_buckets"], ranks,
+                          timeline_setup(cluster, config, global_batch))
