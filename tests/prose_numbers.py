@@ -9,6 +9,11 @@ requires the list empty for every notebook it executes, at smoke size. So a meas
 cannot be quoted in prose: at smoke size the run prints other values, and the quote fails the
 test. Prose refers to what the cell above printed instead.
 
+Only cells the prose can point at count: those above the markdown cell, and the code cells
+that follow it up to the next markdown cell ("the next cell prints..."); a value printed
+further down, for another reason, does not back a claim made here. A percentage ("20%") may
+be printed as a fraction (0.2); a plain number may not.
+
 Not claims, and skipped: inline code and math, formulas in N/p/m (``2(N-1)/N``), references to
 notebooks ("notebook 02", "notebooks 03 to 05", the title's "05 ·"), citation years ("Huang et
 al., 2019"), link targets, and the reviewed ``ALLOWED`` phrases below (each with its reason).
@@ -54,13 +59,20 @@ _SKIP = [
     re.compile(r"\b(?:rank|device|stage|micro-batch|table|layer|step)s? \d+\b", re.I),
     # formulas in the rank count N, stages p, micro-batches m: 2(N-1)/N, (p-1)/(m+p-1), 1/N
     re.compile(r"[\d()+\-*/x ]*\b[Npm]\b(?:\s*[-+*/=x]\s*[\d()Npm+\-*/ ]+)+"),
-    re.compile(r"\d+\s*/\s*[Npm]\b|\b[Npm]\s*[-+*/x]\s*\d+|\(\s*\d"),
+    re.compile(r"\d+\s*/\s*[Npm]\b|\b[Npm]\s*[-+*/x]\s*\d+"),
 ]
+# Numbers glued to a sign that would hide them from _NUMBER: "x4" (a factor written first),
+# "2-4" and "2–4" (a range: both ends are claims). Applied after the skips above, so that
+# formulas and names ("GPT-3") are gone by then.
+_UNGLUE = [(re.compile(r"(?<![\w.])[x×](?=\d)"), " "),
+           (re.compile(r"(?<=\d)[-–](?=\d)"), " to ")]
 
 
 def _strip(text: str, stem: str) -> str:
     for pattern in _SKIP:
         text = pattern.sub(" ", text)
+    for pattern, replacement in _UNGLUE:
+        text = pattern.sub(replacement, text)
     for where, phrase, _why in ALLOWED:
         if where in ("*", stem):
             text = re.sub(r"\s+".join(map(re.escape, phrase.split())), " ", text)
@@ -97,9 +109,9 @@ def _code_text(cell: dict) -> str:
     return "\n".join(line.split("#", 1)[0] for line in source.splitlines())
 
 
-def _known_values(notebook: dict) -> set[float]:
+def _known_values(cells: list[dict]) -> set[float]:
     values: set[float] = set()
-    for cell in notebook["cells"]:
+    for cell in cells:
         if cell["cell_type"] != "code":
             continue
         texts = [_printed_text(cell)]
@@ -112,26 +124,38 @@ def _known_values(notebook: dict) -> set[float]:
     return values
 
 
-def _matches(value: float, decimals: int, multiplier: float, known: set[float]) -> bool:
+def _matches(value: float, decimals: int, multiplier: float, known: set[float],
+             percent: bool = False) -> bool:
     """Does some printed value round to the prose's number, at the precision it is written?"""
     tolerance = 0.5 * 10 ** -decimals + 1e-9
     for candidate in known:  # "4.27M" <- 4270336; "16" <- 16.0; "20%" <- 0.2
-        for said in (candidate, candidate / multiplier, candidate * 100):
+        for said in (candidate, candidate / multiplier) + ((candidate * 100,) if percent else ()):
             if abs(said - value) <= tolerance:
                 return True
     return False
 
 
+def _code_cells_after(cells: list[dict], index: int) -> list[dict]:
+    """The code cells right after markdown cell ``index``, up to the next markdown cell."""
+    after = []
+    for cell in cells[index + 1:]:
+        if cell["cell_type"] == "markdown":
+            break
+        after.append(cell)
+    return after
+
+
 def unprinted_numbers(notebook: dict, stem: str) -> list[str]:
     """Every number in the markdown of the executed ``notebook`` that no code cell printed."""
-    known = _known_values(notebook)
-    missing = []
-    for index, cell in enumerate(notebook["cells"]):
+    cells, missing = notebook["cells"], []
+    for index, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
             continue
+        known = _known_values(cells[:index] + _code_cells_after(cells, index))
         text = _strip("".join(cell["source"]), stem)
         for match, value, decimals, multiplier in _numbers(text):
-            if not _matches(value, decimals, multiplier, known):
+            percent = re.match(r"\s?(?:%|per ?cent)", text[match.end():]) is not None
+            if not _matches(value, decimals, multiplier, known, percent):
                 around = " ".join(text[max(0, match.start() - 50): match.end() + 30].split())
                 missing.append(f"markdown cell {index}: {match.group(0)!r} in '...{around}...'")
     return missing

@@ -8,7 +8,7 @@ import pytest
 
 import labkit
 from labkit.models import sized
-from labkit.train.levers import LeverPicker, lever_name, run_lever
+from labkit.train.levers import LeverPicker, lever_name, run_lever, try_levers
 
 
 @pytest.mark.parametrize("options, name", [
@@ -35,3 +35,32 @@ def test_levers_run_for_real_and_an_oom_is_kept_as_a_result():
         failed = run_lever(small, config, {"precision": "bf16"})
     assert failed.oom is not None and failed.step_s is None
     assert failed.oom["capacity"] == 4 * 2**20
+
+
+def test_a_run_keeps_the_levers_it_really_ran_with_and_the_picker_no_stale_run():
+    # a config that already accumulates: its "plain" run is not the picker's plain run
+    config = labkit.TrainConfig(model=sized("gpt", 2e5), global_batch=16, steps=2,
+                                grad_accumulation=2)
+    with labkit.Cluster(1) as cluster:
+        (seeded,) = try_levers(cluster, config, levers={})
+        assert seeded.options["grad_accumulation"] == 2 and seeded.name == "accumulation x2"
+        picker = LeverPicker(cluster, config, [seeded])
+        assert picker.run(False, "fp32", 2) is seeded
+        assert picker.run(False, "fp32", 1).options["grad_accumulation"] == 1
+        other = config.replace(global_batch=8)
+        with pytest.raises(ValueError, match="another configuration"):
+            LeverPicker(cluster, other, [seeded])
+    with labkit.Cluster(1, memory_per_device="64MiB") as capped:  # same config, other cap
+        with pytest.raises(ValueError, match="another cluster or capacity"):
+            LeverPicker(capped, config, [seeded])
+
+
+def test_the_picker_message_compares_only_with_a_plain_run_that_fitted():
+    from labkit.train.levers import LeverRun
+    from labkit.widgets.levers import _message
+
+    failed = LeverRun("plain", {}, {"activations": 9 << 20}, 9 << 20, 0, None, {},
+                      {"requested": 1 << 20, "capacity": 8 << 20})
+    fits = LeverRun("checkpointing", {}, {"activations": 6 << 20}, 6 << 20, 6 << 20, 0.02, {})
+    said = _message(failed, fits)
+    assert "nan" not in said and "below the plain" not in said and "did not fit" in said

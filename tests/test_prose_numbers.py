@@ -40,6 +40,31 @@ def test_a_printed_number_is_accepted_at_the_precision_written(said, printed):
     assert unprinted_numbers(_notebook(said, printed=printed), "x") == []
 
 
+@pytest.mark.parametrize("said, hidden", [
+    ("It runs (1.8x faster) on GPUs.", "1.8x"),         # was skipped whole after "("
+    ("It costs (16 bytes per parameter).", "16"),       # was read as "6"
+    ("With accumulation x4 it fits.", "4"),             # a factor written first
+    ("The boundary is flat from 2-4 ranks.", "4"),      # a range's far end
+])
+def test_a_number_in_brackets_after_an_x_or_ending_a_range_is_still_a_claim(said, hidden):
+    found = unprinted_numbers(_notebook(said), "x")
+    assert any(f"{hidden!r}" in line for line in found), found
+
+
+def test_only_a_cell_the_prose_can_point_at_backs_its_number():
+    notebook = _notebook("Each parameter costs 16 bytes.")
+    notebook["cells"].append({"cell_type": "code", "metadata": {}, "source": "later()",
+                              "outputs": [{"output_type": "stream", "text": "batch 16"}]})
+    assert unprinted_numbers(notebook, "x") == []  # the next cell prints it
+    notebook["cells"].insert(3, {"cell_type": "markdown", "metadata": {}, "source": "More."})
+    assert unprinted_numbers(notebook, "x")  # printed further down, for another reason
+
+
+def test_a_fraction_backs_a_percentage_not_a_plain_number():
+    assert unprinted_numbers(_notebook("It saves 20 percent.", printed="0.2013"), "x") == []
+    assert unprinted_numbers(_notebook("It takes 20 steps.", printed="loss 0.2013"), "x")
+
+
 def test_a_printed_number_at_another_precision_is_not_accepted():
     assert unprinted_numbers(_notebook("It takes 1.5 times as long.", printed="1.58"), "x")
 

@@ -34,6 +34,7 @@ class LeverRun:
     step_s: float | None  # median step, measured here; None when it ran out of memory
     category_peaks: dict[str, int]  # each category's own highest value (not at one moment)
     oom: dict | None = None
+    base: str = ""  # the config without its levers and the cluster (``base_of``)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -51,19 +52,35 @@ def lever_name(options: dict) -> str:
     return " + ".join(parts) or "plain"
 
 
+def levers_of(config: TrainConfig) -> dict:
+    """The levers ``config`` really trains with (its own settings included)."""
+    return {"activation_checkpointing": config.activation_checkpointing,
+            "precision": config.precision, "grad_accumulation": config.grad_accumulation}
+
+
+def base_of(config: TrainConfig, cluster) -> str:
+    """What a run depends on besides its levers (the config's other fields, the ranks and
+    their capacity): two runs compare only on the same base."""
+    plain = config.replace(activation_checkpointing=False, precision="fp32", grad_accumulation=1)
+    return repr((plain, cluster.world_size, cluster.memory_per_device))
+
+
 def run_lever(cluster, config: TrainConfig, options: dict) -> LeverRun:
-    """Train ``config`` with ``options`` on ``cluster`` (its capacity applies)."""
+    """Train ``config`` with ``options`` on ``cluster`` (its capacity applies). The run keeps
+    the levers it trained with, the config's own included (``options`` may change some)."""
     changed = config.replace(**options)
+    ran, base = levers_of(changed), base_of(changed, cluster)
     try:
         report = train(cluster, changed)
     except DeviceOOM as oom:
         total = sum(oom.breakdown.values())
-        return LeverRun(lever_name(options), options, dict(oom.breakdown), total, 0, None, {},
-                        {"requested": oom.requested_bytes, "capacity": oom.capacity_bytes})
+        return LeverRun(lever_name(ran), ran, dict(oom.breakdown), total, 0, None, {},
+                        {"requested": oom.requested_bytes, "capacity": oom.capacity_bytes},
+                        base)
     memory = report.ranks[0]["memory"]
-    return LeverRun(lever_name(options), options, dict(memory["at_peak"]),
+    return LeverRun(lever_name(ran), ran, dict(memory["at_peak"]),
                     memory["peak_bytes"], report.estimate["peak_bytes"], report.median_step_s,
-                    dict(memory["category_peaks"]))
+                    dict(memory["category_peaks"]), None, base)
 
 
 def try_levers(cluster, config: TrainConfig, levers: dict | None = None) -> list[LeverRun]:
@@ -74,10 +91,16 @@ def try_levers(cluster, config: TrainConfig, levers: dict | None = None) -> list
 
 
 class LeverPicker:
-    """Runs by lever combination, trained on first use and cached."""
+    """Runs by lever combination, trained on first use and cached (one config, one cluster:
+    ``runs`` given to seed the cache must have been trained with the same config)."""
 
     def __init__(self, cluster, config: TrainConfig, runs: list[LeverRun] = ()):
         self.cluster, self.config = cluster, config
+        stale = [run.name for run in runs if run.base != base_of(config, cluster)]
+        if stale:
+            raise ValueError(f"runs {stale} were trained with another configuration (or on "
+                             f"another cluster or capacity) than this picker's; pass the runs "
+                             f"of try_levers(cluster, config) for the same both, or none")
         self._cache = {self._key(run.options): run for run in runs}
 
     @staticmethod

@@ -12,6 +12,9 @@ def _message(plain, chosen) -> str:
     if chosen.oom:
         return (f"{chosen.name}: out of memory (asked {format_bytes(chosen.oom['requested'])} "
                 f"more at {format_bytes(chosen.peak_bytes)} in use).")
+    if plain.oom:  # no plain peak or step to compare with: say what this run did alone
+        return (f"{chosen.name}: fits, peak {format_bytes(chosen.peak_bytes)}, step "
+                f"{chosen.step_s * 1e3:.1f} ms, measured here; the plain run did not fit.")
     saved = 1 - chosen.peak_bytes / plain.peak_bytes
     slower = chosen.step_s / plain.step_s if plain.step_s else float("nan")
     return (f"{chosen.name}: peak {format_bytes(chosen.peak_bytes)} ({saved:.0%} below the "

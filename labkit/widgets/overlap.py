@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.data_parallel.overlap import bucket_timeline
+from labkit.data_parallel.overlap import bucket_timeline, timeline_setup
 from labkit.plots.overlap import plot_bucket_timeline
 
 
@@ -10,6 +10,12 @@ def bucket_explorer(cluster, model, global_batch: int = 64, caps=(0.25, 1.0, 4.0
                     cap: float | None = None, interactive: bool = True, measured=()):
     """Each cap runs for real the first time it is chosen (cached; ``measured``: timelines
     already run); headless, the Figure for ``cap`` (default: the smallest)."""
+    setup = timeline_setup(cluster, model, global_batch)
+    stale = [t.bucket_cap_mb for t in measured if t.setup != setup]
+    if stale:
+        raise ValueError(f"the timelines measured with bucket_cap_mb={stale} ran another model, "
+                         f"batch or cluster than this explorer's; pass timelines of the same "
+                         f"bucket_timeline(cluster, model, global_batch, cap), or none")
     cache: dict[float, object] = {t.bucket_cap_mb: t for t in measured}
 
     def timeline(value: float):
