@@ -28,7 +28,8 @@ def _token_by_token(layer: MoE, x: torch.Tensor) -> torch.Tensor:
     config, (batch, seq, _) = layer.config, x.shape
     probs = torch.softmax(layer.router(x), dim=-1)
     weight, expert = probs.topk(config.top_k, dim=-1)
-    weight = weight / weight.sum(-1, keepdim=True)
+    if config.top_k > 1:
+        weight = weight / weight.sum(-1, keepdim=True)
     w1, b1, w2, b2 = layer.experts.w1, layer.experts.b1, layer.experts.w2, layer.experts.b2
     out = torch.zeros_like(x)
     for b in range(batch):
@@ -42,6 +43,16 @@ def _token_by_token(layer: MoE, x: torch.Tensor) -> torch.Tensor:
                 hidden = F.gelu(x[b, s] @ w1[e] + b1[e])
                 out[b, s] += weight[b, s, j] * (hidden @ w2[e] + b2[e])
     return out
+
+
+def test_top_1_router_learns_from_the_language_model_loss():
+    # Switch's top-1 weighs the expert's output by its probability; renormalised to 1 the
+    # router would learn from the auxiliary loss alone
+    config = MOE.__class__(**{**MOE.__dict__, "top_k": 1, "aux_loss_weight": 0.0})
+    layer, x = MoE(config), torch.randn(2, config.seq_len, config.d_model)
+    torch.testing.assert_close(layer(x), _token_by_token(layer, x))
+    layer(x).pow(2).sum().backward()
+    assert layer.router.weight.grad.abs().max() > 1e-3
 
 
 def test_routing_equals_a_token_by_token_loop_and_drops_over_capacity():
