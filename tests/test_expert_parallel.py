@@ -109,8 +109,8 @@ def test_experts_over_ranks_train_as_one_device(four, reference, layout):
 
 @pytest.mark.parametrize("model, degrees, match", [
     ("gpt", dict(dp=2, ep=2), "has none"),
-    (MOE, dict(dp=4, ep=2), "must equal dp"),
-    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "must equal dp"),
+    (MOE, dict(dp=4, ep=2), r"must equal dp \(here 4\).*Layout\(dp=4, ep=4\)"),
+    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "dp_kind='ddp' cannot run it"),
     (MoEGPTConfig(n_experts=3), dict(dp=2, ep=2), "multiple of 2"),
     (MOE, dict(tp=2), "not by tensors"),
     (MOE, dict(cp=2), "dense 'gpt'"),
