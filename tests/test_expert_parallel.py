@@ -127,3 +127,15 @@ def test_moe_refuses_micro_steps():
     config = labkit.TrainConfig(model=MOE, layout=layout, global_batch=8, grad_accumulation=2)
     with pytest.raises(ValueError, match="one micro-step"):
         check_run(config, layout, 2)
+
+
+def test_forward_flops_per_token_count_attention():
+    # per token and layer: q, k, v, out projections 2 x 4 d^2, MLP 2 x 8 d^2, attention's
+    # q k^T and p v 2 x 2 x seq x d (the math kernel's whole square); the head 2 x d x vocab
+    from labkit.expert_parallel.compare import forward_flops_per_token
+    from labkit.models import GPTConfig
+
+    d, seq, vocab, layers = 32, 64, 64, 2
+    dense = GPTConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_heads=2, n_layers=layers)
+    per_layer = 2 * 4 * d * d + 2 * 8 * d * d + 4 * seq * d
+    assert forward_flops_per_token(dense) == layers * per_layer + 2 * d * vocab
