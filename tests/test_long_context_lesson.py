@@ -69,3 +69,14 @@ def test_ring_schedule_is_balanced_and_visits_every_block(two):
 def test_sequence_explorer_refuses_lengths_that_do_not_cut():
     with pytest.raises(ValueError, match="2 x cp = 4"):
         labkit.widgets.SequenceExplorer(None, GPTConfig(), [64, 66], "4MiB")
+
+
+def test_sequence_explorer_says_what_to_change_when_nothing_fits():
+    explorer = labkit.widgets.SequenceExplorer(None, GPTConfig(), [64, 128], "1MiB")
+    oom = {"oom": True}
+    explorer._cache = {64: {"one device": oom, "cp=2": {"oom": False}}, 128: {"one device": oom,
+                                                                            "cp=2": oom}}
+    with pytest.raises(ValueError, match="raise memory_per_device or add shorter lengths"):
+        explorer.fitting()
+    explorer._cache[64]["one device"] = {"oom": False}
+    assert explorer.fitting() == [64]
