@@ -28,8 +28,9 @@ import torch
 
 import labkit
 from labkit.costs import moe_all_to_all_bytes
+from labkit.expert_parallel.compare import forward_flops_per_token
 from labkit.layout import Layout
-from labkit.models import GPTConfig, MoEGPTConfig, build_model, count_parameters
+from labkit.models import GPTConfig, MoEGPTConfig, count_parameters
 
 
 def _attention_on_rank(ctx, seq_len: int, kind: str, repeats: int) -> dict:
@@ -78,29 +79,19 @@ def attention(cluster, seqs: list[int], repeats: int) -> list[dict]:
     return rows
 
 
-def _forward_flops_per_token(config) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = build_model(config)
-    tokens = torch.zeros(1, config.seq_len, dtype=torch.long)
-    with FlopCounterMode(display=False) as counter:
-        model(tokens)
-    return counter.get_total_flops() / config.seq_len
-
-
 def experts(cluster, steps: int) -> dict:
     moe = MoEGPTConfig(vocab_size=128, seq_len=64, d_model=64, n_heads=4, n_layers=2,
                        n_experts=4, top_k=2, capacity_factor=1.25)
     dense = GPTConfig(vocab_size=128, seq_len=64, d_model=64, n_heads=4, n_layers=2)
     config = labkit.TrainConfig(model=moe, global_batch=8, steps=steps, optimizer="sgd")
     out = {"params_dense": count_parameters(dense), "params_moe": count_parameters(moe),
-           "flops_per_token_dense": _forward_flops_per_token(dense),
-           "flops_per_token_moe": _forward_flops_per_token(moe)}
+           "flops_per_token_dense": forward_flops_per_token(dense),
+           "flops_per_token_moe": forward_flops_per_token(moe)}
     # twice the experts, the same top_k: parameters grow, FLOPs per token do not (the
     # experts' slots, n_experts x capacity, stay capacity_factor x seq x top_k)
     wide = MoEGPTConfig(**{**moe.__dict__, "n_experts": 8})
     out.update(params_moe_8_experts=count_parameters(wide),
-               flops_per_token_moe_8_experts=_forward_flops_per_token(wide))
+               flops_per_token_moe_8_experts=forward_flops_per_token(wide))
     runs = {"one device": (1, Layout()), "dp2 (experts replicated)": (2, Layout(dp=2)),
             "dp2 ep2 (experts split)": (2, Layout(dp=2, ep=2))}
     for name, (ranks, layout) in runs.items():

@@ -28,7 +28,8 @@ def _token_by_token(layer: MoE, x: torch.Tensor) -> torch.Tensor:
     config, (batch, seq, _) = layer.config, x.shape
     probs = torch.softmax(layer.router(x), dim=-1)
     weight, expert = probs.topk(config.top_k, dim=-1)
-    weight = weight / weight.sum(-1, keepdim=True)
+    if config.top_k > 1:
+        weight = weight / weight.sum(-1, keepdim=True)
     w1, b1, w2, b2 = layer.experts.w1, layer.experts.b1, layer.experts.w2, layer.experts.b2
     out = torch.zeros_like(x)
     for b in range(batch):
@@ -42,6 +43,16 @@ def _token_by_token(layer: MoE, x: torch.Tensor) -> torch.Tensor:
                 hidden = F.gelu(x[b, s] @ w1[e] + b1[e])
                 out[b, s] += weight[b, s, j] * (hidden @ w2[e] + b2[e])
     return out
+
+
+def test_top_1_router_learns_from_the_language_model_loss():
+    # Switch's top-1 weighs the expert's output by its probability; renormalised to 1 the
+    # router would learn from the auxiliary loss alone
+    config = MOE.__class__(**{**MOE.__dict__, "top_k": 1, "aux_loss_weight": 0.0})
+    layer, x = MoE(config), torch.randn(2, config.seq_len, config.d_model)
+    torch.testing.assert_close(layer(x), _token_by_token(layer, x))
+    layer(x).pow(2).sum().backward()
+    assert layer.router.weight.grad.abs().max() > 1e-3
 
 
 def test_routing_equals_a_token_by_token_loop_and_drops_over_capacity():
@@ -98,8 +109,8 @@ def test_experts_over_ranks_train_as_one_device(four, reference, layout):
 
 @pytest.mark.parametrize("model, degrees, match", [
     ("gpt", dict(dp=2, ep=2), "has none"),
-    (MOE, dict(dp=4, ep=2), "must equal dp"),
-    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "must equal dp"),
+    (MOE, dict(dp=4, ep=2), r"must equal dp \(here 4\).*Layout\(dp=4, ep=4\)"),
+    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "dp_kind='ddp' cannot run it"),
     (MoEGPTConfig(n_experts=3), dict(dp=2, ep=2), "multiple of 2"),
     (MOE, dict(tp=2), "not by tensors"),
     (MOE, dict(cp=2), "dense 'gpt'"),
@@ -116,3 +127,15 @@ def test_moe_refuses_micro_steps():
     config = labkit.TrainConfig(model=MOE, layout=layout, global_batch=8, grad_accumulation=2)
     with pytest.raises(ValueError, match="one micro-step"):
         check_run(config, layout, 2)
+
+
+def test_forward_flops_per_token_count_attention():
+    # per token and layer: q, k, v, out projections 2 x 4 d^2, MLP 2 x 8 d^2, attention's
+    # q k^T and p v 2 x 2 x seq x d (the math kernel's whole square); the head 2 x d x vocab
+    from labkit.expert_parallel.compare import forward_flops_per_token
+    from labkit.models import GPTConfig
+
+    d, seq, vocab, layers = 32, 64, 64, 2
+    dense = GPTConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_heads=2, n_layers=layers)
+    per_layer = 2 * 4 * d * d + 2 * 8 * d * d + 4 * seq * d
+    assert forward_flops_per_token(dense) == layers * per_layer + 2 * d * vocab

@@ -38,6 +38,12 @@ def drops_a_dimension(out_a, lse_a, out_b, lse_b):
     return (out_a + out_b).sum(-1), torch.logaddexp(lse_a, lse_b)
 
 
+def returns_only_the_output(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return (out_a * torch.exp(lse_a - lse).unsqueeze(-1)
+            + out_b * torch.exp(lse_b - lse).unsqueeze(-1))  # no lse: one tensor
+
+
 def test_merge_check_both_ways(two):
     reference = solution("08_long_sequences_and_experts", "merge_attention_answer",
                          "merge_attention")
@@ -47,7 +53,8 @@ def test_merge_check_both_ways(two):
     for wrong, message in [(forgets_to_rescale, "differs from the whole sequence's"),
                            (exponentiates_directly, "inf or NaN"),
                            (forgets_the_empty_start, "inf or NaN"),
-                           (drops_a_dimension, "raised on rank")]:
+                           (drops_a_dimension, "raised on rank"),
+                           (returns_only_the_output, "return the pair (out, lse)")]:
         found = labkit.check.merge_attention(two, wrong)
         assert found.status == "failed" and message in str(found), str(found)
 
@@ -62,3 +69,14 @@ def test_ring_schedule_is_balanced_and_visits_every_block(two):
 def test_sequence_explorer_refuses_lengths_that_do_not_cut():
     with pytest.raises(ValueError, match="2 x cp = 4"):
         labkit.widgets.SequenceExplorer(None, GPTConfig(), [64, 66], "4MiB")
+
+
+def test_sequence_explorer_says_what_to_change_when_nothing_fits():
+    explorer = labkit.widgets.SequenceExplorer(None, GPTConfig(), [64, 128], "1MiB")
+    oom = {"oom": True}
+    explorer._cache = {64: {"one device": oom, "cp=2": {"oom": False}}, 128: {"one device": oom,
+                                                                            "cp=2": oom}}
+    with pytest.raises(ValueError, match="raise memory_per_device or add shorter lengths"):
+        explorer.fitting()
+    explorer._cache[64]["one device"] = {"oom": False}
+    assert explorer.fitting() == [64]

@@ -22,6 +22,21 @@ HINT = ("lse = log(exp(lse_a) + exp(lse_b)) computed stably (torch.logaddexp); e
 CASES = {"ordinary scores": 1.0, "scores in the hundreds": 60.0}
 
 
+def _returns_a_pair(fn):
+    """``fn`` whose result must be the pair (out, lse): a single tensor would otherwise be
+    unpacked along its batch dimension and fail far from the learner's code."""
+
+    def merge(out_a, lse_a, out_b, lse_b):
+        result = fn(out_a, lse_a, out_b, lse_b)
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise TypeError(f"{WHERE} returned {type(result).__name__}"
+                            f"{f' of {len(result)}' if isinstance(result, (tuple, list)) else ''}"
+                            ": return the pair (out, lse), e.g. `return out, lse`")
+        return tuple(result)
+
+    return merge
+
+
 def _on_rank(ctx, fn, seq_len: int = 16):
     import torch
     import torch.distributed as dist
@@ -36,7 +51,7 @@ def _on_rank(ctx, fn, seq_len: int = 16):
         q = q * scale  # large scores: exp() of them overflows float32
         whole = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         mine = [shard_sequence(t, ctx.rank, ctx.world_size, dim=2) for t in (q, k, v)]
-        got, _ = ring_forward(*mine, dist.group.WORLD, True, merge_fn=fn)
+        got, _ = ring_forward(*mine, dist.group.WORLD, True, merge_fn=_returns_a_pair(fn))
         want = shard_sequence(whole, ctx.rank, ctx.world_size, dim=2)
         if tuple(got.shape) != tuple(want.shape):
             out[case] = {"shape": list(got.shape), "want_shape": list(want.shape)}

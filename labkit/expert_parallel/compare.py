@@ -13,12 +13,18 @@ from labkit.models import build_model, count_parameters
 
 def forward_flops_per_token(model_config) -> float:
     """FLOPs of one forward pass per token, counted by ``FlopCounterMode`` (the MoE's expert
-    buffer counted whole: capacity slots, filled or not)."""
+    buffer counted whole: capacity slots, filled or not).
+
+    Attention runs on SDPA's math backend here: ``FlopCounterMode`` counts none of the CPU
+    fused kernel's FLOPs (torch 2.13), while the math backend's two matmuls (q k^T and
+    p v, the whole seq x seq, masked half included) it counts."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     model = build_model(model_config)
     tokens = torch.zeros(1, model_config.seq_len, dtype=torch.long)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, \
+            torch.no_grad():
         model(tokens)
     return counter.get_total_flops() / model_config.seq_len
 

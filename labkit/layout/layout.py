@@ -193,10 +193,14 @@ def _check_engines(layout: Layout) -> None:
     if kind == "zero1" and (layout.tp > 1 or layout.pipelined):
         raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
                          "split replicas shard the optimizer state with fsdp= instead")
-    if layout.ep > 1 and (layout.ep != layout.dp or kind not in (None, "naive")):
+    if layout.ep > 1 and layout.ep != layout.dp:
+        n = max(layout.dp, layout.ep)  # keep the ranks the user asked for
         raise ValueError(f"ep={layout.ep} must equal dp (here {layout.dp}): the experts are cut "
-                         f"over the dp ranks; write Layout(dp={layout.ep}, ep={layout.ep}), "
-                         "dp_kind left out")
+                         f"over the dp ranks; write Layout(dp={n}, ep={n})")
+    if layout.ep > 1 and kind not in (None, "naive"):
+        raise ValueError(f"ep={layout.ep} averages the replicated weights by hand and the "
+                         f"experts' not at all, so dp_kind={kind!r} cannot run it: leave dp_kind "
+                         "out (or dp_kind='naive')")
     if layout.tables is not None:
         if kind is not None:
             raise ValueError(f"tables={layout.tables!r} averages the dense part by hand over "

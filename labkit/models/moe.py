@@ -3,7 +3,9 @@
 
 Routing, per MoE layer, for x (batch, seq, d_model):
 * the router scores every expert, softmax -> probs (batch, seq, n_experts); each token picks
-  its top_k experts, weights renormalised to sum to 1;
+  its top_k experts, weights renormalised to sum to 1 when top_k > 1 (GShard); with top_k = 1
+  the weight is the chosen expert's probability itself (Switch): renormalised it would be 1
+  and the router would get no gradient from the language-model loss;
 * capacity: an expert takes at most C = ceil(capacity_factor x seq x top_k / n_experts)
   tokens of each sequence (GShard's groups, one per sequence: what a sequence drops does not
   depend on how the batch is split over ranks); all first choices are served before second
@@ -104,7 +106,8 @@ def route(probs: torch.Tensor, top_k: int, capacity: int):
     weights, the slot each choice takes in its expert's buffer, and whether it fits."""
     batch, seq, n_experts = probs.shape
     weight, expert = probs.topk(top_k, dim=-1)
-    weight = weight / weight.sum(-1, keepdim=True)
+    if top_k > 1:  # top-1 keeps its probability: 1.0 would cut the router off the loss
+        weight = weight / weight.sum(-1, keepdim=True)
     order = expert.transpose(1, 2).reshape(batch, top_k * seq)  # first choices first
     onehot = F.one_hot(order, n_experts)  # (batch, top_k x seq, n_experts)
     slot = ((onehot.cumsum(1) - 1) * onehot).sum(-1).view(batch, top_k, seq).transpose(1, 2)

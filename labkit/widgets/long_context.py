@@ -50,6 +50,18 @@ class SequenceExplorer:
                                 f"cp={self.cp}": self._run(seq, Layout(cp=self.cp))}
         return self._cache[seq]
 
+    def fitting(self) -> list[int]:
+        """The lengths that train on one device and with cp under the capacity (runs them);
+        none is an error that says what to change."""
+        fits = [s for s in self.seq_options
+                if not any(run["oom"] for run in self.result(s).values())]
+        if not fits:
+            raise ValueError(f"no sequence length of {self.seq_options} trains both on one device "
+                             f"and with cp={self.cp} under {format_bytes(self.capacity)}: raise "
+                             "memory_per_device or "
+                             "add shorter lengths to seq_options")
+        return fits
+
     def figure(self, seq: int) -> Figure:
         bars = []
         for name, run in self.result(seq).items():
