@@ -50,6 +50,7 @@ _SKIP = [
     re.compile(r"\]\([^)]*\)"),                             # link targets
     re.compile(r"<[^>]+>"),                                 # html tags
     re.compile(r"et al\.,? \d{4}"),                         # citation years
+    re.compile(r"\b[A-Z][a-z]+,? (?:19|20)\d{2}\b"),          # "(Young 1974, Daly 2006)"
     re.compile(r"^\s*\d+\.\s", re.M),                        # a numbered list's markers
     re.compile(r"\b(?:torch|PyTorch|Python) \d+(?:\.\d+)+"),    # versions
     re.compile(r"\bnotebooks? \d\d(?:(?:\s*(?:,|and|to|-|or)\s*)\d\d)*", re.I),
