@@ -51,3 +51,11 @@ def two():
     """A warm 2-rank CPU cluster, shared by a test module."""
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def four():
+    """A warm 4-rank CPU cluster, shared by a test module (oversubscribed on a 2-core
+    machine: slower, still right)."""
+    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
+        yield cluster

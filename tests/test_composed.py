@@ -48,12 +48,6 @@ COMBINATIONS = {
 
 
 @pytest.fixture(scope="module")
-def four():
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
 def references(one):
     """One device, SGD: the losses and weights every layout must reproduce."""
     runs = {}

@@ -59,12 +59,6 @@ def groups_as_iterators(degrees, dim):
             for start in range(0, math.prod(degrees.values()), degrees[dim])]
 
 
-@pytest.fixture(scope="module")
-def four():
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
 def verdict(cluster, fn, status="failed"):
     found = labkit.check.mesh_groups(cluster, fn)
     assert found.status == status, str(found)

@@ -41,12 +41,6 @@ def _against_sdpa(ctx, causal: bool, seq_len: int = 16):
     return {key: value.item() for key, value in errors.items()}
 
 
-@pytest.fixture(scope="module")
-def four():
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ring_attention_equals_sdpa_on_the_whole_sequence(two, four, ranks, causal):

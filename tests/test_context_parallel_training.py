@@ -18,12 +18,6 @@ SGD = dict(global_batch=4, steps=3, optimizer="sgd", lr=0.1, return_weights=True
 
 
 @pytest.fixture(scope="module")
-def four():
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
 def reference(four):
     with four.resized(1):
         return labkit.train(four, labkit.TrainConfig(model=GPT, **SGD))

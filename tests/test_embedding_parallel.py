@@ -31,13 +31,6 @@ BIG = DLRMConfig(num_tables=8, rows_per_table=4000, embedding_dim=16)
 SHARDED = ("table_wise", "row_wise")
 
 
-@pytest.fixture(scope="module")
-def four():
-    """A warm 4-rank CPU cluster (oversubscribed on a 2-core machine: slower, still right)."""
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
 # ----- AUC --------------------------------------------------------------------------------
 def test_auc_is_the_share_of_correctly_ordered_pairs():
     generator = torch.Generator().manual_seed(0)

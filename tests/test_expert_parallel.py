@@ -69,12 +69,6 @@ def test_routing_equals_a_token_by_token_loop_and_drops_over_capacity():
 
 
 @pytest.fixture(scope="module")
-def four():
-    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
 def reference(four):
     with four.resized(1):
         return labkit.train(four, labkit.TrainConfig(model=MOE, **SGD))
