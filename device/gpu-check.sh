@@ -5,6 +5,8 @@
 # Adapted to the runtime fixes of issues 11 and 18 (branch issue-11-cluster): caps checked with
 # labkit.cluster.hardware.check_capacity, an even share without a cap, the fork/fresh launcher,
 # host copies of CUDA results, the end-of-run synchronise, C++ output through the pipes.
+# c8 (session of 2026-12-01): DCP checkpoints on CUDA, the GPT and the MoE GPT on CUDA.
+# Then run every gpu-marked test: python -m pytest -m gpu tests/ (context_parallel's included).
 set -u
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || { echo "FAIL no GPU"; exit 1; }
 export PYTHONUNBUFFERED=1
@@ -196,8 +198,24 @@ def c6():  # 2+ GPUs only: pipelines over NCCL; a run's NCCL errors belong to it
 def c7():  # the doctor on this machine (1 GPU: 1 NCCL rank and 2 ranks sharing it)
     r = subprocess.run([sys.executable, "-m", "labkit", "doctor"], capture_output=True, text=True, timeout=300)
     check("doctor checks the GPU(s) and passes", r.returncode == 0 and "all_reduce on cuda" in r.stdout, r.stdout[-300:].replace("\n", " | "))
+def c8():  # this session's features on CUDA: checkpoints resume exactly, cp and the MoE, the planner
+    import tempfile
+    from labkit.models import GPTConfig, MoEGPTConfig
+    with labkit.Cluster(1, device="cuda", progress=False) as c, tempfile.TemporaryDirectory() as d:
+        track(c)
+        whole = labkit.train(c, model="mlp", steps=6, timeout=180).losses
+        first = labkit.train(c, model="mlp", steps=3, checkpoint_dir=d, checkpoint_every=3, timeout=180)
+        again = labkit.train(c, model="mlp", steps=6, checkpoint_dir=d, checkpoint_every=3, timeout=180)
+        check("a CUDA run resumed from its DCP checkpoint equals the whole run", again.losses == whole and first.losses == whole[:3], f"{again.losses} vs {whole}")
+        gpt = GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_heads=2, n_layers=2)
+        r = labkit.train(c, model=gpt, global_batch=8, steps=2, timeout=180)
+        check("GPT on CUDA: the estimate within 10% of the tracked peak", r.estimate_error() < 0.1, f"tracked {r.peak_bytes}, estimated {r.estimate['peak_bytes']}")
+        moe = labkit.train(c, model=MoEGPTConfig(), global_batch=8, steps=2, timeout=180)
+        check("the MoE GPT trains on CUDA", len(moe.losses) == 2, str(moe.losses))
+        import labkit.plan
+        info(f"planner calibration of one CUDA rank: {labkit.plan.calibrate(c, repeats=2)}")
 steps = [("1 NCCL rank", c1), ("shared GPUs", c2), ("cap check", c3), ("memory", c4),
-         ("init/timing", c5), ("doctor", c7)] + ([("NCCL pipelines", c6)] if G >= 2 else [])
+         ("init/timing", c5), ("doctor", c7), ("checkpoints, cp/MoE, planner", c8)] + ([("NCCL pipelines", c6)] if G >= 2 else [])
 for name, fn in steps:
     t0 = time.time()
     guard(name, fn)
