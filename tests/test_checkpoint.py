@@ -229,3 +229,14 @@ def test_a_save_killed_half_way_is_never_the_latest(two, tmp_path):
     _assert_identical(reference, report)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "step-00000002", "step-00000004", "step-00000005"]
+
+
+def test_a_checkpoint_dir_that_cannot_be_a_folder_is_refused_before_any_rank_starts(
+        two, tmp_path):
+    """Found by review: a file in checkpoint_dir's place trained every step on every rank,
+    then failed at the first save with NotADirectoryError from inside rank 0."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for where in (blocker, blocker / "below"):
+        with pytest.raises(CheckpointError, match="is a file, not a folder"):
+            labkit.train(two, _config(strategy="ddp", checkpoint_dir=where), estimate=False)
