@@ -157,3 +157,20 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
     [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
     check_run(config, layout_for(config, 16), 16, "cuda", "nccl")
     assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every
+
+
+def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own():
+    """Found by review: ``--strategy ddp fsdp --checkpoint-dir D`` gave both runs folder D;
+    the strategy may change on resumption, so fsdp 'resumed' ddp's last checkpoint and
+    trained no step of its own, its report ddp's records."""
+    import argparse
+
+    from labkit.train.torchrun import _configs, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    runs = _configs(parser.parse_args(["--strategy", "ddp", "fsdp", "--checkpoint-dir", "ck"]))
+    assert [c.checkpoint_dir for c, _ in runs] == [os.path.join("ck", "ddp"),
+                                                   os.path.join("ck", "fsdp")]
+    [(one, _)] = _configs(parser.parse_args(["--strategy", "fsdp", "--checkpoint-dir", "ck"]))
+    assert one.checkpoint_dir == "ck"  # one run: the folder given, as documented
