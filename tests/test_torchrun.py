@@ -174,3 +174,19 @@ def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own()
                                                    os.path.join("ck", "fsdp")]
     [(one, _)] = _configs(parser.parse_args(["--strategy", "fsdp", "--checkpoint-dir", "ck"]))
     assert one.checkpoint_dir == "ck"  # one run: the folder given, as documented
+
+
+def test_the_slurm_script_gives_srun_the_job_s_cores_per_task(tmp_path):
+    """Found by review: since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task
+    (release notes; 23.11 reads it from SLURM_CPUS_PER_TASK again): on those versions
+    torchrun and its 8 workers were pinned to one core. The script passes it on itself."""
+    script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
+    for name, body in (("scontrol", "echo gpu-node-1"), ("srun", 'printf "%s\\n" "$@"')):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "lk", "SLURM_JOB_NODELIST": "gpu-node-1",
+           "SLURM_CPUS_PER_TASK": "32"}
+    srun_args = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+    assert "--cpus-per-task=32" in srun_args[:srun_args.index("torchrun")]
