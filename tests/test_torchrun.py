@@ -178,8 +178,8 @@ def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own()
 
 def test_the_slurm_script_gives_srun_the_job_s_cores_per_task(tmp_path):
     """Found by review: since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task
-    (release notes; 23.11 reads it from SLURM_CPUS_PER_TASK again): on those versions
-    torchrun and its 8 workers were pinned to one core. The script passes it on itself."""
+    (its release notes): there torchrun and its 8 workers were pinned to one core. The
+    script passes it on itself."""
     script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
     for name, body in (("scontrol", "echo gpu-node-1"), ("srun", 'printf "%s\\n" "$@"')):
         (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
