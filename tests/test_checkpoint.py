@@ -260,3 +260,14 @@ def test_async_saves_leave_no_descriptors_behind_on_the_ranks(two, tmp_path):
     for i in range(1, 4):
         run(i)
     assert two.run(_open_descriptors) == before
+
+
+def test_a_relative_checkpoint_dir_is_the_notebook_s(two, tmp_path, monkeypatch):
+    """Found by review: a relative checkpoint_dir was checked in the notebook's working
+    folder but written in the ranks' (the folder when the cluster started): after a
+    ``%cd`` the checkpoints landed elsewhere, and the refusals looked at the wrong folder."""
+    monkeypatch.chdir(tmp_path)
+    report = labkit.train(two, _config(strategy="ddp", steps=1, return_weights=False,
+                                       checkpoint_dir="relative-ck"), estimate=False)
+    assert (tmp_path / "relative-ck" / "step-00000001" / "COMPLETE.json").is_file()
+    assert report.config.checkpoint_dir == str(tmp_path / "relative-ck")
