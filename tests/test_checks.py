@@ -371,3 +371,31 @@ def test_training_state_both_ways(two):
     model_only, no_step = _state_classes()
     assert "Adam's state did not" in verdict(labkit.check.training_state, two, model_only)
     assert "the step was not restored" in verdict(labkit.check.training_state, two, no_step)
+
+
+def test_training_state_judges_the_step_s_type_not_adam(two):
+    """Found by review: a step saved as a tensor (as torchtitan's TrainState does) and put
+    back without ``.item()`` resumes exactly (range() takes a 0-d integer tensor) but was
+    failed as "Adam's state did not" come back; a step of another type got that message too."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    _, no_step = _state_classes()
+
+    class TensorStep(no_step):
+        def state_dict(self):
+            model, optimizer = get_state_dict(self.model, self.optimizer)
+            return {"model": model, "optimizer": optimizer, "step": torch.tensor(self.step)}
+
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            self.step = state_dict["step"]
+
+    class FloatStep(TensorStep):
+        def load_state_dict(self, state_dict):
+            super().load_state_dict(state_dict)
+            self.step = float(state_dict["step"])
+
+    assert "bit for bit" in verdict(labkit.check.training_state, two, TensorStep,
+                                    status="passed")
+    said = verdict(labkit.check.training_state, two, FloatStep)
+    assert "step came back as 2.0 (float)" in said and "Adam" not in said

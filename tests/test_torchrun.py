@@ -157,3 +157,36 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
     [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
     check_run(config, layout_for(config, 16), 16, "cuda", "nccl")
     assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every
+
+
+def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own():
+    """Found by review: ``--strategy ddp fsdp --checkpoint-dir D`` gave both runs folder D;
+    the strategy may change on resumption, so fsdp 'resumed' ddp's last checkpoint and
+    trained no step of its own, its report ddp's records."""
+    import argparse
+
+    from labkit.train.torchrun import _configs, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    runs = _configs(parser.parse_args(["--strategy", "ddp", "fsdp", "--checkpoint-dir", "ck"]))
+    assert [c.checkpoint_dir for c, _ in runs] == [os.path.join("ck", "ddp"),
+                                                   os.path.join("ck", "fsdp")]
+    [(one, _)] = _configs(parser.parse_args(["--strategy", "fsdp", "--checkpoint-dir", "ck"]))
+    assert one.checkpoint_dir == "ck"  # one run: the folder given, as documented
+
+
+def test_the_slurm_script_gives_srun_the_job_s_cores_per_task(tmp_path):
+    """Found by review: since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task
+    (its release notes): there torchrun and its 8 workers were pinned to one core. The
+    script passes it on itself."""
+    script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
+    for name, body in (("scontrol", "echo gpu-node-1"), ("srun", 'printf "%s\\n" "$@"')):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "lk", "SLURM_JOB_NODELIST": "gpu-node-1",
+           "SLURM_CPUS_PER_TASK": "32"}
+    srun_args = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+    assert "--cpus-per-task=32" in srun_args[:srun_args.index("torchrun")]

@@ -67,8 +67,8 @@ def _job(ctx, state_class) -> dict:
         weights_back = all(torch.equal(p, s) for p, s in zip(model.parameters(),
                                                              saved_weights, strict=True))
         moments_back = bool(optimizer.state)
-        step = restored.step
-        resumed = _train(ctx, model, optimizer, range(int(step), STEPS)) if isinstance(
+        step = _whole(restored.step)
+        resumed = _train(ctx, model, optimizer, range(step, STEPS)) if isinstance(
             step, int) and 0 <= step <= STEPS else []
     finally:
         dist.barrier()
@@ -78,8 +78,22 @@ def _job(ctx, state_class) -> dict:
             "weights_back": weights_back, "moments_back": moments_back}
 
 
+def _whole(step):
+    """The step as an int: a 0-d integer tensor (torchtitan saves its step so) counts as
+    its value; anything else is returned as it is, for the judge to name."""
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
+        return int(step.item())
+    return step
+
+
 def _judge(values: list[dict]) -> CheckResult:
     r = values[0]
+    if not isinstance(r["step"], int) or isinstance(r["step"], bool):
+        return failed(EXERCISE, f"the step came back as {r['step']!r} "
+                      f"({type(r['step']).__name__}), not a whole number: the resumed run "
+                      "cannot start from it",
+                      ["save the step as an int (or a 0-d integer tensor) and put back an "
+                       "int: self.step = state_dict['step'] (.item() for a tensor)"])
     if r["step"] != SAVED_AT:
         return failed(EXERCISE, f"the step was not restored: saved at step {SAVED_AT}, the "
                       f"loaded TrainingState says step {r['step']!r}. The step is the data "

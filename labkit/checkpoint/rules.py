@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from labkit.checkpoint.store import CheckpointError, Found, check_dir
 
 
@@ -18,4 +21,19 @@ def check_checkpointing(config, layout) -> Found | None:
         raise CheckpointError(f"checkpoints are not supported yet for {layout} with {what}: "
                               f"use ddp, naive_dp, fsdp, tp or a layout of dp, fsdp and tp, "
                               f"or drop checkpoint_dir")
+    _check_can_be_a_folder(Path(config.checkpoint_dir))
     return check_dir(config.checkpoint_dir, config.to_dict(), config.steps)
+
+
+def _check_can_be_a_folder(root: Path) -> None:
+    """The first save makes ``root`` (and its parents): refuse now what would stop it then,
+    after every step was trained (a file in its place, a folder nobody may write to)."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot be made: {str(existing)!r} "
+                              f"is a file, not a folder: give another checkpoint_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint_dir {str(root)!r}: {str(existing)!r} cannot be "
+                              f"written to: give a folder you may write in")

@@ -164,6 +164,14 @@ class Checkpointer:
         record.extras["checkpoint_bytes"] = _shard_bytes(step_dir(self.root, done),
                                                          self.run.rank)
 
+    def close(self) -> None:
+        """At the end of the run (every rank): let go of the async save's gloo group, whose
+        sockets and threads would otherwise stay open on ranks that outlive the run."""
+        self.finish()
+        if self.async_group is not None:
+            dist.destroy_process_group(self.async_group)
+            self.async_group = None
+
     def _commit(self, done: int) -> None:
         commit(tmp_dir(self.root, done), step_dir(self.root, done), done, self.config_dict,
                self.run.world_size, str(self.run.layout))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from labkit.checkpoint.rules import check_checkpointing
@@ -47,6 +48,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     trace the peak per rank beside the measurement (``labkit.estimate_memory``).
     """
     config = checked(cluster, config, **fields)
+    if config.checkpoint_dir is not None:  # the ranks' working folder is the one at start-up
+        config = config.replace(checkpoint_dir=os.path.abspath(config.checkpoint_dir))
     check_checkpointing(config, layout_for(config, cluster.world_size))  # may warn or raise
     saved, override = cluster.memory_per_device, memory_per_device is not _UNSET
     if override:

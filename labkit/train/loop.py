@@ -141,6 +141,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
         memory = tracker.report()
     _steps(run, config, built, observers, range(tracked_until, config.steps), always_tracked,
            records, saver)
+    if saver is not None:
+        saver.close()
     out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
     if saver is not None:
         out["resumed_at"], out["resumed_from"] = start, saver.resumed_from

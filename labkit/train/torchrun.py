@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each block's activations in backward")
     parser.add_argument("--checkpoint-dir", help="save sharded checkpoints here, and resume "
-                        "from the newest one of this run found here")
+                        "from the newest one of this run found here (with several "
+                        "strategies: a folder per strategy inside it)")
     parser.add_argument("--checkpoint-every", type=int,
                         help="save every this many steps (default: after the last step)")
     parser.add_argument("--checkpoint-async", action="store_true",
@@ -105,6 +106,11 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
                              checkpoint_every=getattr(args, "checkpoint_every", None),
                              checkpoint_async=getattr(args, "checkpoint_async", False),
                              **parallel)
+        if len(parallels) > 1 and config.checkpoint_dir is not None:
+            # a folder per strategy: the strategy may change on resumption, so in one
+            # folder the second run would take the first one's last checkpoint as its own
+            config = config.replace(checkpoint_dir=os.path.join(config.checkpoint_dir,
+                                                                config.label))
         path = (out if len(parallels) == 1
                 else out.with_name(f"{out.stem}.{config.label}{out.suffix}"))
         runs.append((config, str(path)))
