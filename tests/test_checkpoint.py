@@ -265,3 +265,7 @@ def test_a_relative_checkpoint_dir_is_the_notebook_s(two, tmp_path, monkeypatch)
                                        checkpoint_dir="relative-ck"), estimate=False)
     assert (tmp_path / "relative-ck" / "step-00000001" / "COMPLETE.json").is_file()
     assert report.config.checkpoint_dir == str(tmp_path / "relative-ck")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    report = labkit.train(two, _config(strategy="ddp", steps=1, return_weights=False,
+                                       checkpoint_dir="~/home-ck"), estimate=False)
+    assert report.config.checkpoint_dir == str(tmp_path / "home-ck")

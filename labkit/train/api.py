@@ -49,7 +49,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     """
     config = checked(cluster, config, **fields)
     if config.checkpoint_dir is not None:  # the ranks' working folder is the one at start-up
-        config = config.replace(checkpoint_dir=os.path.abspath(config.checkpoint_dir))
+        config = config.replace(
+            checkpoint_dir=os.path.abspath(os.path.expanduser(config.checkpoint_dir)))
     check_checkpointing(config, layout_for(config, cluster.world_size))  # may warn or raise
     saved, override = cluster.memory_per_device, memory_per_device is not _UNSET
     if override:
