@@ -174,3 +174,21 @@ def test_mlperf_dlrm_tables_need_more_than_one_gpu():
     eight = plan.project(model, Layout(fsdp=8, tables="table_wise"), plan.Cluster("A100-80GB"),
                          global_batch=65536, precision="fp32", optimizer="sgd")
     assert eight.fits
+
+
+@pytest.mark.parametrize("changes", [{"global_batch": 0}, {"global_batch": -8},
+                                     {"micro_batches": 0}, {"optimizer": "lion"}])
+def test_a_batch_or_optimizer_no_run_could_use_is_refused(changes):
+    # global_batch=0 and -8 once projected negative step times; micro_batches=0 divided by 0
+    kwargs = {"global_batch": 8, **changes}
+    with pytest.raises(plan.PlanError, match=next(iter(changes))):
+        plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), **kwargs)
+    with pytest.raises(plan.PlanError, match="global_batch"):
+        plan.search(SMALL, plan.Cluster("H100"), global_batch=0)
+
+
+def test_decoder_optimizer_state_follows_the_optimizer():
+    # mixed on a GPU: Adam keeps fp32 master + two fp32 moments (12 B/param), SGD the master
+    memory = {opt: plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), global_batch=8,
+                                optimizer=opt).costs.memory for opt in ("adam", "sgd")}
+    assert memory["sgd"]["optimizer"] == pytest.approx(memory["adam"]["optimizer"] / 3)

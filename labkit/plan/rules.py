@@ -8,6 +8,7 @@ splits over the data ranks and micro-batches.
 
 from __future__ import annotations
 
+from labkit.costs import OPTIMIZER_STATE_COPIES
 from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, MLPConfig, plan_for
 
@@ -18,10 +19,23 @@ class PlanError(ValueError):
     """A layout, batch or cluster the planner refuses, with the reason and the fix."""
 
 
-def check_layout(model_config, layout: Layout, cluster, lever) -> None:
-    """Raise ``PlanError`` unless ``layout`` can train ``model_config`` on ``cluster``."""
+def check_lever(lever) -> None:
+    """Raise ``PlanError`` for a batch, micro-batch count, precision or optimizer that no
+    layout could run (a zero or negative batch once gave negative step times)."""
+    for name in ("global_batch", "micro_batches"):
+        value = getattr(lever, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{name} is a whole number, at least 1, not {value!r}")
     if lever.precision not in PRECISIONS:
         raise PlanError(f"precision is one of {PRECISIONS}, not {lever.precision!r}")
+    if lever.optimizer not in OPTIMIZER_STATE_COPIES:
+        raise PlanError(f"optimizer is one of {tuple(OPTIMIZER_STATE_COPIES)}, not "
+                        f"{lever.optimizer!r}")
+
+
+def check_layout(model_config, layout: Layout, cluster, lever) -> None:
+    """Raise ``PlanError`` unless ``layout`` can train ``model_config`` on ``cluster``."""
+    check_lever(lever)
     if layout.size != cluster.world_size:
         raise PlanError(f"the layout {layout} uses {layout.size} GPUs and the cluster {cluster}"
                         f" has {cluster.world_size}: choose degrees whose product is "

@@ -18,7 +18,7 @@ from labkit.layout.layout import Layout
 from labkit.plan.counts import is_recommender
 from labkit.plan.hardware import Cluster
 from labkit.plan.project import Projection, _time, step_costs
-from labkit.plan.rules import PlanError, check_layout
+from labkit.plan.rules import PlanError, check_layout, check_lever
 from labkit.plan.step import Lever
 
 
@@ -112,6 +112,8 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     """Project every candidate layout; return those that fit, fastest first."""
     if precisions is None:
         precisions = ("fp32",) if cluster.gpu.measured else ("bf16", "mixed")
+    for precision in precisions:  # refuse a bad batch once, not once per candidate
+        check_lever(Lever(global_batch, 1, precision))
     start = time.perf_counter()
     fits, rejected = [], []
     measured = cluster.gpu.measured

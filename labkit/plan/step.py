@@ -93,6 +93,15 @@ def _state_precision(precision: str, measured: bool) -> str:
     return "fp32" if precision == "mixed" and measured else precision
 
 
+def _optimizer_share(row: str, optimizer: str) -> float:
+    """The part of ``model_state_bytes``'s Adam state that ``optimizer`` keeps: its moments
+    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of the "mixed" row."""
+    moment = 2 if row == "bf16" else 4
+    master = 4 if row == "mixed" else 0
+    adam = master + OPTIMIZER_STATE_COPIES["adam"] * moment
+    return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
+
+
 def compute_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
@@ -137,8 +146,9 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
                                            _head_params(model_config))
     local = ends + per_stage * blocks.params
     stage, shards = _zero_stage(layout)
-    state = model_state_bytes(local, shards, stage, _state_precision(lever.precision,
-                                                                     measured))
+    row = _state_precision(lever.precision, measured)
+    state = model_state_bytes(local, shards, stage, row)
+    state["optimizer"] *= _optimizer_share(row, lever.optimizer)
     micro = lever.global_batch // layout.data_size // lever.micro_batches
     width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
     if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
