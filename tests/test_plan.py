@@ -192,3 +192,16 @@ def test_decoder_optimizer_state_follows_the_optimizer():
     memory = {opt: plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), global_batch=8,
                                 optimizer=opt).costs.memory for opt in ("adam", "sgd")}
     assert memory["sgd"]["optimizer"] == pytest.approx(memory["adam"]["optimizer"] / 3)
+
+
+def test_tensor_parallel_must_divide_the_node():
+    # 6 GPUs per node, tp=4: ranks 4-7 form a tp group across two nodes
+    six = plan.Cluster("H100", gpus_per_node=6, nodes=2)
+    with pytest.raises(plan.PlanError, match="straddle"):
+        plan.project(GPT_70B, Layout(dp=3, tp=4), six, global_batch=3)
+    assert plan.project(GPT_70B, Layout(dp=6, tp=2), six, global_batch=6).links["tp"] == "in-node"
+    from labkit.plan.project import spans_nodes
+
+    assert spans_nodes(Layout(dp=4, tp=2), "dp", 6)  # a group reaches over 8 ranks: crosses
+    assert spans_nodes(Layout(dp=2, tp=2), "dp", 6)  # 4 does not divide 6: ranks 4-7 cross
+    assert not spans_nodes(Layout(dp=3, tp=2), "dp", 6)  # 6 ranks, one node's

@@ -132,7 +132,9 @@ def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
     """Whether ``dim``'s groups reach past one node (ranks are numbered tp innermost)."""
     order = list(MESH_ORDER)
     stride = math.prod(getattr(layout, d) for d in order[order.index(dim) + 1:])
-    return stride * getattr(layout, dim) > gpus_per_node
+    span = stride * getattr(layout, dim)  # consecutive ranks one group's members reach over
+    # a span that does not divide the node leaves some groups straddling two nodes
+    return span > gpus_per_node or gpus_per_node % span != 0
 
 
 def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: float,

@@ -44,6 +44,10 @@ def check_layout(model_config, layout: Layout, cluster, lever) -> None:
         raise PlanError(f"tp={layout.tp} would cross nodes ({cluster.gpus_per_node} GPUs per "
                         "node): tensor parallelism talks in every layer and needs the node's "
                         "links; keep tp <= GPUs per node")
+    if cluster.gpus_per_node % layout.tp:
+        raise PlanError(f"tp={layout.tp} does not divide the {cluster.gpus_per_node} GPUs of a "
+                        "node: some tp groups would straddle two nodes; choose a tp that "
+                        f"divides {cluster.gpus_per_node}")
     if (layout.tp > 1 or layout.pipelined) and not isinstance(model_config, GPTConfig | MLPConfig):
         raise PlanError("tensor parallelism splits the decoder's and the MLP's matrices; a "
                         "recommender's tables are split over fsdp (tables='table_wise')")
