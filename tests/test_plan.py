@@ -126,8 +126,15 @@ def test_search_returns_fits_fastest_first_and_reasons():
     assert any("out of memory" in reason for _, reason in result.rejected)
     assert result.best.layout.tp <= 8
     nowhere = plan.search(GPT_70B, plan.Cluster("RTX4090", gpus_per_node=1), global_batch=8)
-    with pytest.raises(plan.PlanError, match="no layout fits"):
+    with pytest.raises(plan.PlanError, match="no layout fits") as refused:
         _ = nowhere.best
+    # the refusal says how far the leanest layout is from fitting, so the user can size up
+    lean = nowhere.leanest
+    leanest_by_hand = plan.project(GPT_70B, labkit.Layout(dp=1), lean.cluster, global_batch=8,
+                                   micro_batches=8, precision="bf16",
+                                   activation_checkpointing=True)
+    assert not lean.fits and lean.peak_bytes == leanest_by_hand.peak_bytes
+    assert f"needs {lean.peak_bytes / 1e9:.1f} GB per GPU of 24 GB" in str(refused.value)
 
 
 # ----- published runs: the planner's memory verdicts ---------------------------------------

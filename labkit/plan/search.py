@@ -29,12 +29,20 @@ class SearchResult:
     fits: list[Projection]
     rejected: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    leanest: Projection | None = None  # the refused layout that needed the least memory
 
     @property
     def best(self) -> Projection:
         if not self.fits:
             reasons = sorted({reason.split(":")[0] for _, reason in self.rejected})
-            raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) +
+            lean = ""
+            if self.leanest is not None:
+                p = self.leanest
+                ckpt = " with activation checkpointing" if p.lever.activation_checkpointing else ""
+                lean = (f" (the leanest, {p.layout} {p.lever.precision}{ckpt}, needs "
+                        f"{p.peak_bytes / 1e9:.1f} GB per GPU of "
+                        f"{p.cluster.gpu.memory_bytes / 1e9:.0f} GB)")
+            raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) + lean +
                             ". Add GPUs or nodes, a GPU with more memory, or a smaller batch")
         return self.fits[0]
 
@@ -115,7 +123,7 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     for precision in precisions:  # refuse a bad batch once, not once per candidate
         check_lever(Lever(global_batch, 1, precision))
     start = time.perf_counter()
-    fits, rejected = [], []
+    fits, rejected, leanest = [], [], None
     measured = cluster.gpu.measured
     for layout, lever in candidates(model_config, cluster, global_batch, precisions,
                                     checkpointing):
@@ -130,10 +138,12 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
         projection = _time(model_config, layout, cluster, lever, costs)
         if not projection.fits:
             rejected.append((label, _overflow(projection)))
+            if leanest is None or projection.peak_bytes < leanest.peak_bytes:
+                leanest = projection
             continue
         fits.append(projection)
     fits.sort(key=lambda p: p.step_s)
-    return SearchResult(fits, rejected, time.perf_counter() - start)
+    return SearchResult(fits, rejected, time.perf_counter() - start, leanest)
 
 
 def _overflow(projection: Projection) -> str:
