@@ -1,4 +1,5 @@
-"""Shared fixtures: warm clusters, and checks that no rank outlives its test."""
+"""Shared fixtures: warm clusters, checks that no rank outlives its test, and the parity
+assertion of runs that must train as one device."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 import labkit
 
@@ -59,3 +61,12 @@ def four():
     machine: slower, still right)."""
     with labkit.Cluster(4, device="cpu", progress=False) as cluster:
         yield cluster
+
+
+def assert_trains_as(reference, report) -> None:
+    """The same training as ``reference``: losses step by step (rtol 1e-5) and rank 0's final
+    weights (rtol 1e-4, atol 1e-6; SGD, whose update is linear in the gradient)."""
+    torch.testing.assert_close(report.losses, reference.losses, rtol=1e-5, atol=0)
+    for name, weight in reference.ranks[0]["weights"].items():
+        torch.testing.assert_close(report.ranks[0]["weights"][name], weight, rtol=1e-4,
+                                   atol=1e-6, msg=name)

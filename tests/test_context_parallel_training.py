@@ -7,11 +7,11 @@ layouts it refuses before any rank starts."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import labkit
 from labkit.layout import Layout, check_run
 from labkit.models import GPTConfig
+from tests.conftest import assert_trains_as
 
 GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
 SGD = dict(global_batch=4, steps=3, optimizer="sgd", lr=0.1, return_weights=True)
@@ -28,10 +28,7 @@ def reference(four):
 def test_cp_trains_as_one_device(four, reference, layout):
     with four.resized(layout.size):
         report = labkit.train(four, labkit.TrainConfig(model=GPT, layout=layout, **SGD))
-    torch.testing.assert_close(report.losses, reference.losses, rtol=1e-5, atol=0)
-    for name, weight in reference.ranks[0]["weights"].items():
-        torch.testing.assert_close(report.ranks[0]["weights"][name], weight, rtol=1e-4,
-                                   atol=1e-6, msg=name)
+    assert_trains_as(reference, report)
     cp = report.comm_by_dim()["cp"]
     assert {"send", "recv", "all_reduce"} <= set(cp), cp
     # each step: forward passes cp - 1 key/value blocks per layer, backward cp (the last
