@@ -57,7 +57,7 @@ def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
     assert [r.get("from_checkpoint", False) for r in resumed.ranks[0]["records"]] == [
         True, True, False]
     assert sorted(p.name for p in Path(ckpt).iterdir()) == [
-        "step-00000001", "step-00000002", "step-00000003"]
+        "LOCK", "step-00000001", "step-00000002", "step-00000003"]
 
 
 def test_every_training_option_reaches_the_config_from_the_command_line():

@@ -3,7 +3,9 @@ exact resumption (``labkit.train(..., checkpoint_dir=d, checkpoint_every=k)``).
 
 ``store.py``: the folders on disk, which can be trusted, the atomic commit; ``state.py``:
 what each rank saves (model and optimizer through torch's state-dict helpers, RNG);
-``session.py``: save and resume on the ranks; ``rules.py``: checks before any rank starts.
+``session.py``: save and resume on the ranks; ``rules.py``: checks before any rank starts;
+``lock.py``: one run at a time in a checkpoint folder. Every layout checkpoints, and DCP
+reshards a checkpoint to another layout or rank count (``state.py`` says how).
 """
 
 from labkit.checkpoint.rules import check_checkpointing

@@ -18,6 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from labkit.checkpoint.lock import CheckpointLock
 from labkit.cluster import RankError, RanksRestartedWarning, RunTimeout
 
 HOWS = ("kill", "raise", "hang")
@@ -80,7 +81,8 @@ def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
                          f"1..{config.steps - 1}, got rank={rank}, at_step={at_step}")
     timeout = hang_timeout if how == "hang" else None
     try:
-        cluster.run(_fail_on_rank, config.to_dict(), rank, at_step, how, timeout=timeout)
+        with CheckpointLock(config.checkpoint_dir):
+            cluster.run(_fail_on_rank, config.to_dict(), rank, at_step, how, timeout=timeout)
     except (RankError, RunTimeout) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     raise RuntimeError(f"the planted failure on rank {rank} after {at_step} steps did not "

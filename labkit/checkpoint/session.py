@@ -51,7 +51,7 @@ class Checkpointer:
         self.run, self.config = run, config
         self.root = Path(config.checkpoint_dir)
         self.config_dict = config.to_dict()
-        self.model = ModelAndOptimizer(built.parts[0], built.optimizer)
+        self.model = ModelAndOptimizer(built.parts, built.names, built.optimizer)
         self.rng = RandomState(run.device)
         self.resumed_from: str | None = None
         # DCP's background thread needs a group of its own (collective on every rank).

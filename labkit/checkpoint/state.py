@@ -1,33 +1,90 @@
 """What a checkpoint holds on each rank, as DCP ``Stateful`` objects.
 
-The model and optimizer go through torch's state-dict helpers (``get_state_dict`` /
-``set_state_dict``): their keys are the whole model's parameter names whatever wraps the
-model (DDP, FSDP2, tensor parallel), and their values are each rank's shards as DTensors
-where the layout splits them, so DCP writes each shard once and can load them into another
-layout or rank count (it reshards). The RNG states are per rank (``rng.rank<r>``): they are
-restored when the rank count is the same, and left as the seed made them otherwise.
+The model and optimizer go through torch's state-dict helpers (``get_model_state_dict`` /
+``get_optimizer_state_dict`` and their ``set_`` twins). Every key is the whole model's
+parameter name, whatever wraps or splits the model, so that any layout can load what any
+other saved and DCP reshards between them:
+
+* DDP, FSDP2, tensor parallel, placed embedding tables: the helpers already give the whole
+  model's names; values are this rank's shards as DTensors where the layout splits them
+  (DCP writes each shard once), whole tensors where it does not (a table-wise table is
+  written by the one rank that holds it; a replicated weight by one of its holders).
+* A pipeline: each rank holds stages, ``nn.Sequential`` pieces whose names ("0.weight") are
+  not the model's; ``Built.names`` maps them back ("layers.4.weight"), as torchtitan's stages
+  keep the model's names, so a pipeline's checkpoint loads on one rank and vice versa.
+* The optimizer state is *flattened* (``flatten_optimizer_state_dict``: one key per
+  parameter and state, ``state.layers.4.weight.exp_avg``), so ranks holding different
+  parameters never write one key with different values (a pipeline's param_groups would).
+* ZeRO-1: ``ZeroRedundancyOptimizer`` keeps whole state tensors for the parameters a rank
+  owns; its inner optimizer's flattened state names exactly those, so each owner writes its
+  own, and on another rank count each rank reads those of the parameters it owns there.
+
+The RNG states are per rank (``rng.rank<r>``): they are restored when the rank count is the
+same, and left as the seed made them otherwise.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+_OPTIMIZER_PREFIXES = ("state.", "param_groups.")
 
 
 class ModelAndOptimizer(Stateful):
-    """This rank's model (its unwrapped module) and optimizer."""
+    """This rank's model parts (unwrapped) and their one optimizer, under the whole model's
+    names. ``names``: per part, its tensor names -> the model's ({} where equal)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, parts: list[nn.Module], names: list[dict[str, str]],
+                 optimizer: torch.optim.Optimizer):
+        # One module over every part ("0.<name in part 0>", ...): the helpers need a module
+        # that holds every parameter the optimizer updates.
+        self.model = nn.ModuleList(parts)
+        self.optimizer = (optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer)
+                          else optimizer)  # ZeRO-1: the owned parameters' own optimizer
+        self.to_model = {}
+        for i, (part, part_names) in enumerate(zip(parts, names, strict=True)):
+            for name in part.state_dict():
+                self.to_model[f"{i}.{name}"] = part_names.get(name, name)
+        self.to_parts = {v: k for k, v in self.to_model.items()}
 
     def state_dict(self) -> dict:
-        model, optimizer = get_state_dict(self.model, self.optimizer)
-        return {"model": model, "optimizer": optimizer}
+        model = get_model_state_dict(self.model, options=_OPTIONS)
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_OPTIONS)
+        return {"model": _rename(model, self.to_model),
+                "optimizer": _rename_optimizer(optimizer, self.to_model)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optimizer"])
+        set_model_state_dict(self.model, _rename(state_dict["model"], self.to_parts),
+                             options=_OPTIONS)
+        set_optimizer_state_dict(self.model, self.optimizer,
+                                 _rename_optimizer(state_dict["optimizer"], self.to_parts),
+                                 options=_OPTIONS)
+
+
+def _rename(state: dict, names: dict[str, str]) -> dict:
+    return {names[key]: value for key, value in state.items()}
+
+
+def _rename_optimizer(state: dict, names: dict[str, str]) -> dict:
+    """Flattened optimizer keys ("state.<parameter>.exp_avg", "param_groups.<parameter>.lr")
+    with the parameter renamed (optimizer fields hold no dots)."""
+    out = {}
+    for key, value in state.items():
+        prefix = next(p for p in _OPTIMIZER_PREFIXES if key.startswith(p))
+        parameter, field = key[len(prefix):].rsplit(".", 1)
+        out[f"{prefix}{names[parameter]}.{field}"] = value
+    return out
 
 
 class RandomState(Stateful):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from labkit.checkpoint.lock import lock_checkpoints
 from labkit.checkpoint.rules import check_checkpointing
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_run
@@ -57,6 +58,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         cluster.memory_per_device = memory_per_device
     note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
     try:
+        lock = None
+        lock = lock_checkpoints(config.checkpoint_dir)  # refused if another run holds it
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     except DeviceOOM as oom:
         if note:
@@ -65,6 +68,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     finally:  # only a cap this call changed: another thread's run may have set one since
         if override:
             cluster.memory_per_device = saved
+        if lock is not None:
+            lock.release()
     est = _estimate(config, cluster.world_size) if estimate else None
     report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                          ranks.oversubscribed, list(ranks), est)

@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
+from labkit.checkpoint.lock import lock_checkpoints
 from labkit.checkpoint.rules import check_checkpointing
+from labkit.checkpoint.store import CheckpointError
 from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
 from labkit.layout import STRATEGIES, Layout, check_run, layout_for
@@ -190,6 +192,23 @@ def _train(config: TrainConfig, out: str, ctx: RankContext, estimate) -> None:
               f"{report.samples_per_s:.0f} samples/s; report written to {out}", flush=True)
 
 
+def _lock_on_rank_0(config: TrainConfig):
+    """Rank 0 holds ``config.checkpoint_dir`` for the run (its process ending frees it: a
+    worker torchrun restarts takes it again); every rank raises when another run holds it."""
+    lock = error = None
+    if config.checkpoint_dir is not None and dist.get_rank() == 0:
+        try:
+            lock = lock_checkpoints(config.checkpoint_dir)
+        except CheckpointError as exc:
+            error = str(exc)
+    if config.checkpoint_dir is not None:
+        said = [error]
+        dist.broadcast_object_list(said, src=0)
+        if said[0] is not None:
+            raise CheckpointError(said[0])
+    return lock
+
+
 def main(args) -> int:
     runs = _configs(args)  # bad arguments fail here, before any collective
     device = _device(args)
@@ -215,7 +234,12 @@ def main(args) -> int:
         ctx = _context(args)(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
                              oversubscribed, MemoryTracker(dist.get_rank()))
         for (config, out), estimate in zip(runs, estimates, strict=True):
-            _train(config, out, ctx, estimate)
+            lock = _lock_on_rank_0(config)
+            try:
+                _train(config, out, ctx, estimate)
+            finally:
+                if lock is not None:
+                    lock.release()
     finally:
         dist.destroy_process_group()
     return 0
