@@ -97,6 +97,13 @@ def test_a_folder_in_use_is_refused_before_any_rank_starts(two, tmp_path, monkey
     labkit.train(two, config, estimate=False)
     monkeypatch.undo()
     CheckpointLock(tmp_path).take().release()  # let go once the run ended
+    # labkit's first checkpoints nested the optimizer state: refused, not started over.
+    marker = tmp_path / "step-00000002" / "COMPLETE.json"
+    saved = json.loads(marker.read_text())
+    del saved["format"]
+    marker.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match="older labkit .*format 1"):
+        labkit.train(two, config, estimate=False)
 
 
 def test_a_stale_lock_of_a_dead_run_is_taken_over(two, tmp_path):

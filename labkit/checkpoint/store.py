@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "COMPLETE.json"
+# 2: the optimizer state flattened, one key per parameter (``state.py``), which every layout
+# can read; labkit's first checkpoints (1, no "format" in the marker) nested it per group.
+FORMAT = 2
 _NAME = re.compile(r"^step-(\d{8})$")
 
 # Fields that may change between a run and its resumption: how the run is laid out (DCP
@@ -88,6 +91,9 @@ def _problem(path: Path, want: dict) -> str | None:
         if file.stat().st_size != size:
             return (f"{path.name}/{name} holds {file.stat().st_size} bytes, {size} were "
                     f"written (truncated or damaged)")
+    if marker.get("format", 1) != FORMAT:
+        return (f"{path.name} is of an older labkit (checkpoint format "
+                f"{marker.get('format', 1)}, this labkit reads {FORMAT})")
     if marker.get("fingerprint") != want:
         return f"{path.name} is another run's: {_difference(marker.get('fingerprint'), want)}"
     return None
@@ -141,6 +147,11 @@ def check_dir(root, config_dict: dict, max_step: int | None = None) -> Found | N
         raise CheckpointError(f"checkpoint_dir {str(root)!r} holds checkpoints of another "
                               f"run ({others[0]}): give this run a directory of its own, "
                               f"or delete those")
+    older = [p for p in problems if "older labkit" in p]
+    if not found and older:  # starting over would bury them: say so instead
+        raise CheckpointError(f"checkpoint_dir {str(root)!r} holds only checkpoints this "
+                              f"labkit cannot resume ({older[0]}): resume them with the "
+                              f"labkit that saved them, or delete them to start afresh")
     return found[0] if found else None
 
 
@@ -159,7 +170,8 @@ def commit(tmp: Path, final: Path, step: int, config_dict: dict, world_size: int
     """Rank 0, after every rank's shard and records are written: the marker (the file
     sizes as they are now), then the rename that makes the checkpoint visible."""
     files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
-    write_json(tmp / MARKER, {"step": step, "fingerprint": fingerprint(config_dict),
+    write_json(tmp / MARKER, {"step": step, "format": FORMAT,
+                              "fingerprint": fingerprint(config_dict),
                               "world_size": world_size, "layout": layout, "files": files})
     if final.exists():  # a damaged checkpoint of this step, passed over at resumption:
         shutil.rmtree(final)  # until the rename the newest good one is an earlier step
