@@ -14,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import labkit
+from labkit.checkpoint.lock import CheckpointLock
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 # One of each code path on 2 ranks: DDP, ZeRO-1's optimizer, FSDP2, DTensor TP, a pipeline.
 STRATEGIES = ["ddp", "zero1", "fsdp", "tp", "gpipe"]
+CHECKPOINTED = ["fsdp", "gpipe", "zero1"]  # sharded, split into stages, ZeRO-1's state
 
 
 def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = ()) -> str:
@@ -46,18 +50,27 @@ def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
 
 
 def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    common = ("--strategy", "fsdp", "--checkpoint-dir", ckpt, "--checkpoint-every", "1")
+    """FSDP, a pipeline and ZeRO-1 in one launch, each into a folder of its own; a second
+    launch resumes all three; a third, while another run holds a folder, is refused."""
+    ckpt = tmp_path / "ckpt"
+    common = ("--strategy", *CHECKPOINTED, "--micro-batches", "2", "--checkpoint-dir",
+              str(ckpt), "--checkpoint-every", "1")
     _torchrun(tmp_path, *common, "--steps", "2", "--out", str(tmp_path / "a.json"))
     _torchrun(tmp_path, *common, "--steps", "3", "--out", str(tmp_path / "b.json"))
-    first = labkit.TrainReport.load(tmp_path / "a.json")
-    resumed = labkit.TrainReport.load(tmp_path / "b.json")
-    assert resumed.ranks[0]["resumed_at"] == 2 and resumed.steps == 3
-    assert resumed.losses[:2] == first.losses
-    assert [r.get("from_checkpoint", False) for r in resumed.ranks[0]["records"]] == [
-        True, True, False]
-    assert sorted(p.name for p in Path(ckpt).iterdir()) == [
-        "LOCK", "step-00000001", "step-00000002", "step-00000003"]
+    for strategy in CHECKPOINTED:
+        first = labkit.TrainReport.load(tmp_path / f"a.{strategy}.json")
+        resumed = labkit.TrainReport.load(tmp_path / f"b.{strategy}.json")
+        assert resumed.ranks[0]["resumed_at"] == 2 and resumed.steps == 3
+        assert resumed.losses[:2] == first.losses
+        assert [r.get("from_checkpoint", False) for r in resumed.ranks[0]["records"]] == [
+            True, True, False]
+        assert sorted(p.name for p in (ckpt / strategy).iterdir()) == [
+            "LOCK", "step-00000001", "step-00000002", "step-00000003"]
+    held = ckpt / CHECKPOINTED[0]
+    with CheckpointLock(held), pytest.raises(AssertionError, match="in use by another run"):
+        _torchrun(tmp_path, "--strategy", CHECKPOINTED[0], "--checkpoint-dir", str(held),
+                  "--steps", "4", "--out", str(tmp_path / "c.json"))
+    assert not (held / "step-00000004").exists()
 
 
 def test_every_training_option_reaches_the_config_from_the_command_line():
