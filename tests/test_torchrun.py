@@ -68,8 +68,9 @@ def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
             "LOCK", "step-00000001", "step-00000002", "step-00000003"]
     held = ckpt / CHECKPOINTED[0]
     with CheckpointLock(held), pytest.raises(AssertionError, match="in use by another run"):
-        _torchrun(tmp_path, "--strategy", CHECKPOINTED[0], "--checkpoint-dir", str(held),
-                  "--steps", "4", "--out", str(tmp_path / "c.json"))
+        _torchrun(tmp_path, "--strategy", CHECKPOINTED[0], "--micro-batches", "2",
+                  "--checkpoint-dir", str(held), "--steps", "4", "--out",
+                  str(tmp_path / "c.json"))
     assert not (held / "step-00000004").exists()
 
 
@@ -110,8 +111,8 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_resumes_exactly(two, tmp_
     assert report.ranks[0]["resumed_at"] == 2 and report.losses == reference.losses
     assert [r.get("from_checkpoint", False) for r in report.ranks[1]["records"]] == [
         True, True, False, False, False]
-    assert sorted(p.name for p in ckpt.iterdir()) == [
-        "step-00000002", "step-00000004", "step-00000005"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [  # the restarted rank 0 took LOCK
+        "LOCK", "step-00000002", "step-00000004", "step-00000005"]
 
 
 def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):

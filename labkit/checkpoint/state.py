@@ -55,7 +55,8 @@ class ModelAndOptimizer(Stateful):
         self.to_model = {}
         for i, (part, part_names) in enumerate(zip(parts, names, strict=True)):
             for name in part.state_dict():
-                self.to_model[f"{i}.{name}"] = part_names.get(name, name)
+                # a stage's every tensor has a model name; a whole model keeps its own
+                self.to_model[f"{i}.{name}"] = part_names[name] if part_names else name
         self.to_parts = {v: k for k, v in self.to_model.items()}
 
     def state_dict(self) -> dict:
