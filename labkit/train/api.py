@@ -57,8 +57,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     if override:
         cluster.memory_per_device = memory_per_device
     note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
+    lock = None
     try:
-        lock = None
         lock = lock_checkpoints(config.checkpoint_dir)  # refused if another run holds it
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     except DeviceOOM as oom:
