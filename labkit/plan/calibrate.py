@@ -9,6 +9,7 @@ measure their share, as a training run would):
 * an op's fixed cost: the training step of an MLP 8 wide (no arithmetic to speak of) over
   the ops counted in it (on small models the framework, not the arithmetic, takes most of
   a step: this is the term that sees it);
+* memory per rank: the cluster's cap, else this machine's memory (from the OS) over the ranks;
 * each collective's alpha and beta: ``labkit.comm.time_collectives`` over a few sizes and its
   ``fit`` (two ranks at least).
 
@@ -98,7 +99,7 @@ class Calibration:
                    self.matmul_flops, self.memory_bandwidth, self.world_size, bandwidth, 0.0,
                    "measured by labkit.plan.calibrate", "one rank = one virtual GPU (a core)",
                    measured=True)
-        alpha = link.alpha_s if link is not None else 0.0
+        alpha = link.latency_per_step if link is not None else 0.0
         return Cluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
                        op_overhead_s=self.op_overhead_s, measured_links=dict(self.links))
 
@@ -107,6 +108,15 @@ class Calibration:
                 "memory_bandwidth": self.memory_bandwidth, "op_overhead_s": self.op_overhead_s,
                 "links": {k: v.to_dict() for k, v in self.links.items()},
                 "oversubscribed": self.oversubscribed}
+
+
+def _host_memory_per_rank(world_size: int) -> float:
+    """Without a cap, the ranks share this machine's memory: its total (measured from the
+    OS) over the ranks."""
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total / max(world_size, 1)
 
 
 def calibrate(cluster, repeats: int = 5, kinds=KINDS,
@@ -118,7 +128,7 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
     if cluster.world_size > 1:
         sweep = time_collectives(cluster, kinds, sizes_bytes, repeats)
         links = sweep.fits()
-    capacity = cluster.memory_per_device or 1 << 30
+    capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
     return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
                        min(r["bandwidth"] for r in per_rank),
                        max(r["op_s"] for r in per_rank), float(capacity), links,

@@ -24,7 +24,8 @@ from labkit.plan.step import Lever
 
 @dataclass
 class SearchResult:
-    """Layouts that fit, fastest first, and each refusal with its reason."""
+    """Layouts that fit, fastest first (pure-bf16 ones after all others: ``caveats``), and
+    each refusal with its reason."""
 
     fits: list[Projection]
     rejected: list[tuple[str, str]] = field(default_factory=list)
@@ -41,7 +42,7 @@ class SearchResult:
                 ckpt = " with activation checkpointing" if p.lever.activation_checkpointing else ""
                 lean = (f" (the leanest, {p.layout} {p.lever.precision}{ckpt}, needs "
                         f"{p.peak_bytes / 1e9:.1f} GB per GPU of "
-                        f"{p.cluster.gpu.memory_bytes / 1e9:.0f} GB)")
+                        f"{p.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable)")
             raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) + lean +
                             ". Add GPUs or nodes, a GPU with more memory, or a smaller batch")
         return self.fits[0]
@@ -142,7 +143,8 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
                 leanest = projection
             continue
         fits.append(projection)
-    fits.sort(key=lambda p: p.step_s)
+    # pure bf16 (no fp32 master state) last whatever its speed: it may not converge
+    fits.sort(key=lambda p: (bool(p.caveats), p.step_s))
     return SearchResult(fits, rejected, time.perf_counter() - start, leanest)
 
 
@@ -150,5 +152,5 @@ def _overflow(projection: Projection) -> str:
     memory = projection.costs.memory
     largest = max(memory, key=memory.get)
     return (f"out of memory: {projection.peak_bytes / 1e9:.1f} GB per GPU > "
-            f"{projection.cluster.gpu.memory_bytes / 1e9:.0f} GB ({largest} "
+            f"{projection.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable ({largest} "
             f"{memory[largest] / 1e9:.1f} GB is the largest part)")

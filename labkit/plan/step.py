@@ -86,11 +86,13 @@ def _zero_stage(layout: Layout) -> tuple[int, int]:
     return 0, 1
 
 
-def _state_precision(precision: str, measured: bool) -> str:
-    """The ``model_state_bytes`` row: labkit's own "mixed" keeps fp32 weights (the "fp32"
-    row); on a GPU cluster "mixed" is the usual recipe (bf16 weights and gradients, fp32
-    master weights and Adam moments: the ZeRO paper's "mixed" row)."""
-    return "fp32" if precision == "mixed" and measured else precision
+def _state_precision(precision: str, measured: bool = False) -> str:
+    """The ``model_state_bytes`` row of labkit's precision lever, on any cluster: "mixed"
+    keeps fp32 weights, fp32 gradients (reduced in fp32: FSDP2's ``reduce_dtype``, DDP on
+    fp32 parameters) and fp32 Adam moments, computing in bf16 (autocast, or FSDP2's
+    ``param_dtype``): the "fp32" row, 16 B per parameter with Adam, the same total as the ZeRO
+    paper's "mixed" row (2 + 2 + 12). The wire carries what memory holds (``step_comm``)."""
+    return "fp32" if precision == "mixed" else precision
 
 
 def _optimizer_share(row: str, optimizer: str) -> float:
@@ -197,8 +199,17 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         pairs = _tp_pairs(model_config)
         share = 1 / layout.pp  # a stage's share of the pairs
         calls = 2 * len(pairs) * m * share
-        out[("tp", "all_reduce")] = (round(calls), sum(c + r for c, r in pairs) * tokens * act
-                                     * m * share)
+        width = sum(c + r for c, r in pairs)
+        if lever.activation_checkpointing and is_decoder(model_config):
+            # backward reruns each block's forward, and with it the row layers' forward
+            # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
+            # tensor backward needs is recomputed): the block's last row layer's output is
+            # not, so a block of k pairs recomputes k-1 AllReduces (measured: tests/test_plan)
+            block = _tp_pairs(replace_layers(model_config, 1))
+            again = [r for _, r in block[:-1]] * model_config.n_layers
+            calls += len(again) * m * share
+            width += sum(again)
+        out[("tp", "all_reduce")] = (round(calls), width * tokens * act * m * share)
     if layout.pp > 1:
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
         # a middle stage sends activations forward and gradients backward; an end stage one
