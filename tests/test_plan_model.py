@@ -5,6 +5,8 @@ one per peer, calibration's memory from the machine, and TP's recomputed AllRedu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import labkit.plan as plan
@@ -108,3 +110,50 @@ def test_tensor_parallel_recompute_all_reduces_are_counted():
     big = plan.project(GPT_7B, Layout(fsdp=4, tp=8), plan.Cluster("H100", nodes=4),
                        global_batch=32, activation_checkpointing=True)
     assert big.costs.comm[("tp", "all_reduce")][0] == 5 * GPT_7B.n_layers
+
+
+# ----- cp and ep: counted bytes equal a measured run's ---------------------------------------
+def test_cp_and_ep_bytes_equal_a_measured_run():
+    import labkit
+    from labkit.models.moe import MoEGPTConfig
+
+    moe = MoEGPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        for model, layout in ((SMALL, Layout(cp=2)), (moe, Layout(dp=2, ep=2))):
+            report = labkit.train(cluster, model=model, layout=layout, global_batch=8, steps=2,
+                                  optimizer="sgd", estimate=False)
+            measured = {(dim, kind): (c["calls"], c["bytes"])
+                        for dim, kinds in report.comm_by_dim().items()
+                        for kind, c in kinds.items() if kind != "recv"}
+            counted = step_comm(model, layout, Lever(8, 1, "fp32", optimizer="sgd"),
+                                local_params(model, layout))
+            assert {k: (round(c), round(b)) for k, (c, b) in counted.items()} == measured, (
+                layout)
+
+
+def test_cp_and_ep_in_projection_and_search():
+    from labkit.models.moe import MoEGPTConfig
+
+    long = GPTConfig(vocab_size=256, seq_len=4096, d_model=256, n_heads=4, n_layers=2)
+    node = plan.Cluster("H100", gpus_per_node=4)
+    # the same 2 data ranks, each sequence over 1 rank, then over a cp group of 2
+    one = plan.project(long, Layout(dp=2), plan.Cluster("H100", gpus_per_node=2), global_batch=4)
+    ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=4)
+    assert ring.costs.memory["activations"] < 0.6 * one.costs.memory["activations"]
+    assert ring.links["cp"] == "in-node" and ring.exposed_s["cp"] > 0
+    with pytest.raises(plan.PlanError, match="not with tp or pp"):
+        plan.project(long, Layout(cp=2, tp=2), node, global_batch=4)
+    moe = MoEGPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=2,
+                       n_experts=4)
+    ep = plan.project(moe, Layout(dp=4, ep=4), node, global_batch=8)
+    dense = plan.project(moe, Layout(dp=4), node, global_batch=8)
+    assert ep.costs.memory["parameters"] < dense.costs.memory["parameters"]
+    assert ep.comm_s["dp"] > 0 and ep.exposed_s["dp"] >= ep.comm_s["dp"] * 0.5
+    with pytest.raises(plan.PlanError, match="divide the 6 experts"):
+        plan.project(dataclasses.replace(moe, n_experts=6), Layout(dp=4, ep=4), node,
+                     global_batch=8)
+    with pytest.raises(plan.PlanError, match="has none"):
+        plan.project(long, Layout(dp=4, ep=4), node, global_batch=8)
+    found = plan.search(long, node, global_batch=4, cp=(1, 2, 4))
+    assert any(p.layout.cp > 1 for p in found.fits)
+    assert any(p.layout.ep > 1 for p in plan.search(moe, node, global_batch=8).fits)

@@ -49,6 +49,8 @@ ASSUMPTIONS = (
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
     "pipeline sends are exposed",
     "a pipeline idles (p-1)/v micro-batch times per step",
+    "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
+    "bound; ring attention sends the next block while it computes the current one)",
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
     "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
     "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",
@@ -226,21 +228,25 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
     compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + cluster.op_overhead_s * _ops(model_config, layout, lever))
-    busy, links = {}, {}
+    busy, links, critical = {}, {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
         links[dim] = "network" if spans else "in-node"
         t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans)
         busy[dim] = busy.get(dim, 0.0) + t
+        if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
+            critical[dim] = critical.get(dim, 0.0) + t
     exposed = dict(busy)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
     for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
         if dim in busy:
-            calls = sum(c for (d, _), (c, _) in costs.comm.items() if d == calls_dim)
+            calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
+                        and k != "all_to_all")
             hide = backward if dim == "dp" else compute
             if layout.data_engine == "naive":
                 hide = 0.0
-            exposed[dim] = max(busy[dim] - hide, busy[dim] / max(calls, 1))
+            late = busy[dim] - critical.get(dim, 0.0)
+            exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:
         per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches

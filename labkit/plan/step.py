@@ -34,6 +34,7 @@ from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
 from labkit.layout.layout import Layout
 from labkit.models import build_model, plan_for
 from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
+from labkit.plan.cp_ep import cp_ep_comm, ep_local_params
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
@@ -146,7 +147,7 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
     # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
     ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
                                            _head_params(model_config))
-    local = ends + per_stage * blocks.params
+    local = ep_local_params(model_config, layout, ends + per_stage * blocks.params)
     stage, shards = _zero_stage(layout)
     row = _state_precision(lever.precision, measured)
     state = model_state_bytes(local, shards, stage, row)
@@ -165,7 +166,7 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
         first = in_blocks * _in_flight(layout, lever)
         last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
         per_sample = max(first, last + rest) + recompute
-    activations = per_sample * width * micro
+    activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
     other = 0.0
     if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
         other += 2 * blocks.params * compute_bytes(lever.precision)
@@ -216,6 +217,12 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         sends = m if layout.pp == 2 else 2 * m
         out[("pp", "send")] = (sends, sends * tokens * width * act)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
+    if layout.cp > 1 or layout.ep > 1:
+        sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
+        out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
+                              else 2, sharded))
+        if layout.ep > 1:  # replicas averaged by hand (in cp_ep_comm), not by DDP
+            return out
     engine = layout.data_engine
     if engine == "tables":
         out.update(_table_comm(model_config, layout, lever))
@@ -265,7 +272,7 @@ def local_params(model_config, layout: Layout) -> float:
         per_stage = math.ceil(model_config.n_layers / layout.pp)
         ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
                                                _head_params(model_config))
-        return ends + per_stage * blocks.params
+        return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
     return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
 
 
