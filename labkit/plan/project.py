@@ -227,7 +227,8 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
     peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
     compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
-               + cluster.op_overhead_s * _ops(model_config, layout, lever))
+               + (cluster.op_overhead_s * _ops(model_config, layout, lever)
+                  if cluster.op_overhead_s else 0.0))  # GPUs: 0, and no op count to trace
     busy, links, critical = {}, {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
