@@ -27,13 +27,13 @@ from labkit.layout.layout import MESH_ORDER, Layout
 from labkit.memory.units import format_bytes
 from labkit.plan.counts import is_decoder, is_recommender, sample_counts
 from labkit.plan.hardware import Cluster
+from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
     Lever,
     StepCosts,
     compute_bytes,
     decoder_memory,
     local_params,
-    recommender_memory,
     step_comm,
     step_flops,
 )
