@@ -157,3 +157,20 @@ def test_cp_and_ep_in_projection_and_search():
     found = plan.search(long, node, global_batch=4, cp=(1, 2, 4))
     assert any(p.layout.cp > 1 for p in found.fits)
     assert any(p.layout.ep > 1 for p in plan.search(moe, node, global_batch=8).fits)
+
+
+def test_ranks_over_cores_share_them_and_other_load_is_measured_not_guessed():
+    from labkit.plan.calibrate import Calibration
+    from labkit.plan.checkrun import _load_factor
+
+    alone = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)
+    crowded = Calibration(4, 1e11, 1e10, 2e-5, 1e9, cores=2)
+    assert alone.core_share == 1 and crowded.core_share == 2
+    assert crowded.cluster().gpu.bf16_flops == alone.cluster().gpu.bf16_flops / 2
+    assert crowded.cluster().op_overhead_s == 2 * alone.cluster().op_overhead_s
+    # a rank that waited for a core 3/4 of a 4 s run ran 4x slower than on a core of its own;
+    # the ranks' own sharing (2 ranks a core) explains half of that
+    before, after = [(0.0, 0.0), (0.0, 0.0)], [(4.0, 3.0), (4.0, 1.0)]
+    assert _load_factor(before, after, 1.0) == pytest.approx(4.0)
+    assert _load_factor(before, after, 2.0) == pytest.approx(2.0)
+    assert _load_factor(before, [(4.0, 0.0), (4.0, 0.0)], 1.0) == 1.0
