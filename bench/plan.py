@@ -83,15 +83,18 @@ def main() -> None:
         print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, copy "
               f"{c.memory_bandwidth / 1e9:.1f} GB/s, {c.op_overhead_s * 1e6:.0f} us per op"
               + "".join(f"; {link}" for link in c.links.values()))
-    print(f"{'run':<16}{'ranks':>6}{'projected ms':>14}{'measured ms':>13}{'error':>8}")
+    print(f"{'run':<16}{'ranks':>6}{'alone ms':>10}{'load x':>8}{'projected ms':>14}"
+          f"{'measured ms':>13}{'error':>8}")
     for c in comparisons:
-        print(f"{c.name:<16}{c.world_size:>6}{c.predicted_s * 1e3:>14.1f}"
+        print(f"{c.name:<16}{c.world_size:>6}{c.predicted_alone_s * 1e3:>10.1f}"
+              f"{c.load_factor:>8.2f}{c.predicted_s * 1e3:>14.1f}"
               f"{c.measured_s * 1e3:>13.1f}{c.error:>+8.0%}")
     stats = error_stats(comparisons)
     print(f"median |error| {stats['median_abs_error']:.0%}, worst {stats['worst_abs_error']:.0%}"
           f" (this machine is shared: other processes change step times between runs)")
     figures.update(stats)
     figures["runs"] = [{"name": c.name, "ranks": c.world_size, "projected_s": c.predicted_s,
+                        "projected_alone_s": c.predicted_alone_s, "load_factor": c.load_factor,
                         "measured_s": c.measured_s} for c in comparisons]
     figures["published"] = _published()
     print(json.dumps(figures))

@@ -4,7 +4,9 @@
   ranks; Patarasuk and Yuan, 2009; NCCL's "bus bandwidth" uses the same factors): AllReduce
   is a reduce-scatter followed by an all-gather, each passing N-1 pieces of 1/N, so 2(N-1)/N;
   all-gather, reduce-scatter, broadcast and all-to-all pass (N-1)/N once; a point-to-point
-  send sends the whole tensor, a receive sends nothing.
+  send sends the whole tensor, a receive sends nothing. Each of a ring's steps is one
+  message, so the latency alpha is paid per step: 2(N-1) times for AllReduce, N-1 for the
+  others (``ring_steps``; Thakur, Rabenseifner and Gropp, 2005).
 * What an optimizer keeps per parameter, and what a tensor costs to train (weights, gradient,
   optimizer state).
 * The ZeRO paper's model states per device (Rajbhandari et al., 2020, section 3.1).
@@ -27,6 +29,31 @@ def ring_share(kind: str, group_size: int) -> float:
     if kind == "recv":
         return 0.0
     return (n - 1) / n
+
+
+def ring_steps(kind: str, group_size: int) -> int:
+    """Messages a rank sends one after another in a ``kind`` collective on a ring of N: each
+    pays the latency alpha once. AllReduce is a reduce-scatter then an all-gather, N-1 steps
+    each (2(N-1)); all-gather, reduce-scatter, broadcast and all-to-all take N-1; a send one."""
+    n = max(int(group_size), 1)
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    if kind == "send":
+        return 1
+    if kind == "recv":
+        return 0
+    return n - 1
+
+
+def collective_seconds(kind: str, nbytes: float, group_size: int, alpha_s: float,
+                       bandwidth: float) -> float:
+    """Alpha-beta time of a ring collective on a tensor of ``nbytes``: ``alpha_s`` per ring
+    step plus what a rank sends over ``bandwidth`` (AllReduce: 2(N-1) alpha + 2(N-1)/N x
+    bytes / bandwidth). One rank sends nothing: 0."""
+    if ring_steps(kind, group_size) == 0:
+        return 0.0
+    return (ring_steps(kind, group_size) * alpha_s
+            + ring_share(kind, group_size) * nbytes / bandwidth)
 
 
 def ring_all_reduce_seconds(nbytes: float, world_size: int, bus_bandwidth: float) -> float:

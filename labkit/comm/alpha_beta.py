@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from labkit.costs import ring_share
+from labkit.costs import ring_share, ring_steps
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class AlphaBeta:
         kind: the collective ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
             "broadcast", "send").
         world_size: ranks in the group it was measured on.
-        alpha_s: seconds a message of no size would take.
+        alpha_s: seconds a collective of no size takes on this group (its ring's steps
+            together; ``latency_per_step`` is one step's).
         bandwidth: bytes per second each rank's link carries (beta).
         sizes_bytes, seconds: the measurements it was fitted on.
     """
@@ -51,10 +52,17 @@ class AlphaBeta:
         """Seconds for a collective on a tensor of ``nbytes`` on this group."""
         return self.alpha_s + self.wire_bytes(nbytes) / self.bandwidth
 
+    @property
+    def latency_per_step(self) -> float:
+        """alpha per message of the ring: ``alpha_s`` is paid over ``ring_steps`` steps
+        (2(N-1) for AllReduce, N-1 for the others, 1 for a send)."""
+        return self.alpha_s / max(ring_steps(self.kind, self.world_size), 1)
+
     def on_group(self, world_size: int) -> AlphaBeta:
-        """The same links and start-up cost on ``world_size`` ranks: only the ring's share
-        changes (a projection for other sizes: a real ring's alpha grows with its steps)."""
-        return AlphaBeta(self.kind, world_size, self.alpha_s, self.bandwidth,
+        """The same links on ``world_size`` ranks: the ring's share changes, and so does its
+        latency, which is paid once per step (``ring_steps``)."""
+        alpha = self.latency_per_step * ring_steps(self.kind, world_size)
+        return AlphaBeta(self.kind, world_size, alpha, self.bandwidth,
                          self.sizes_bytes, self.seconds)
 
     def relative_errors(self, sizes_bytes, seconds) -> list[float]:

@@ -1,7 +1,9 @@
 """Measure this machine, so that the planner's numbers for it are measured, not assumed.
 
-``calibrate(cluster)`` runs on every rank of ``cluster`` at once (ranks that share cores
-measure their share, as a training run would):
+``calibrate(cluster)`` runs on every rank of ``cluster`` at once. Compute figures are timed
+in each rank's CPU time (what the work costs one core, whatever else runs on the machine);
+ranks that outnumber the cores are then modelled explicitly (``Calibration.core_share``:
+compute takes ranks / cores times longer), not measured as noise:
 
 * matmul FLOP/s: the median over three classroom shapes (the zoo's layers at classroom
   sizes: a few thousand rows by 128 to 1024) of the median of a few timed float32 matmuls;
@@ -9,6 +11,7 @@ measure their share, as a training run would):
 * an op's fixed cost: the training step of an MLP 8 wide (no arithmetic to speak of) over
   the ops counted in it (on small models the framework, not the arithmetic, takes most of
   a step: this is the term that sees it);
+* memory per rank: the cluster's cap, else this machine's memory (from the OS) over the ranks;
 * each collective's alpha and beta: ``labkit.comm.time_collectives`` over a few sizes and its
   ``fit`` (two ranks at least).
 
@@ -35,15 +38,23 @@ MATMULS = ((1024, 128, 512), (1024, 512, 128), (256, 1024, 1024))  # (rows, inne
 
 
 def _best(fn, repeats: int) -> float:
-    """The median of ``repeats`` timings (after a warm-up): the statistic a training report
-    gives for a step, so that a machine shared with other work is measured as runs see it."""
+    """The median of ``repeats`` timings (after a warm-up), in this process's CPU time: what
+    the work costs a core, whatever else shares the machine (other programs, the other ranks);
+    ``Calibration.cluster`` then shares the cores among the ranks explicitly."""
     fn()  # warm-up: the allocator's first blocks, the kernels' first dispatch
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(max(time.process_time() - start, 1e-9))
     return statistics.median(times)
+
+
+def _cores() -> int:
+    """Cores this process may run on (its affinity: a container's or taskset's limit)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 # A model so narrow that its arithmetic is nothing: its step is the framework's cost per op
@@ -89,24 +100,44 @@ class Calibration:
     memory_bytes: float
     links: dict = field(default_factory=dict)  # {kind: AlphaBeta}
     oversubscribed: bool = False
+    cores: int = field(default_factory=_cores)
+
+    @property
+    def core_share(self) -> float:
+        """Ranks per core when there are more ranks than cores (each rank then gets this
+        fraction of a core's time): compute takes ranks / cores times longer."""
+        return max(1.0, self.world_size / max(self.cores, 1))
 
     def cluster(self) -> Cluster:
-        """A ``Cluster`` of this machine's ranks, every figure measured."""
+        """A ``Cluster`` of this machine's ranks, every figure measured (CPU time per rank),
+        compute slowed by ``core_share`` when ranks outnumber cores."""
         link = self.links.get("all_reduce")
         bandwidth = link.bandwidth if link is not None else float("inf")
-        here = GPU("this machine (measured)", self.memory_bytes, self.matmul_flops,
-                   self.matmul_flops, self.memory_bandwidth, self.world_size, bandwidth, 0.0,
+        share = self.core_share
+        here = GPU("this machine (measured)", self.memory_bytes, self.matmul_flops / share,
+                   self.matmul_flops / share, self.memory_bandwidth / share, self.world_size,
+                   bandwidth, 0.0,
                    "measured by labkit.plan.calibrate", "one rank = one virtual GPU (a core)",
                    measured=True)
-        alpha = link.alpha_s if link is not None else 0.0
+        alpha = link.latency_per_step if link is not None else 0.0
         return Cluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
-                       op_overhead_s=self.op_overhead_s, measured_links=dict(self.links))
+                       op_overhead_s=self.op_overhead_s * share,
+                       measured_links=dict(self.links))
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "matmul_flops": self.matmul_flops,
                 "memory_bandwidth": self.memory_bandwidth, "op_overhead_s": self.op_overhead_s,
                 "links": {k: v.to_dict() for k, v in self.links.items()},
-                "oversubscribed": self.oversubscribed}
+                "oversubscribed": self.oversubscribed, "cores": self.cores}
+
+
+def _host_memory_per_rank(world_size: int) -> float:
+    """Without a cap, the ranks share this machine's memory: its total (measured from the
+    OS) over the ranks."""
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total / max(world_size, 1)
 
 
 def calibrate(cluster, repeats: int = 5, kinds=KINDS,
@@ -118,7 +149,7 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
     if cluster.world_size > 1:
         sweep = time_collectives(cluster, kinds, sizes_bytes, repeats)
         links = sweep.fits()
-    capacity = cluster.memory_per_device or 1 << 30
+    capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
     return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
                        min(r["bandwidth"] for r in per_rank),
                        max(r["op_s"] for r in per_rank), float(capacity), links,

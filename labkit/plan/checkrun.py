@@ -1,9 +1,17 @@
 """Predicted against measured: the planner's step time for runs labkit can do here, beside
-the median step of the same run on this machine's ranks."""
+the median step of the same run on this machine's ranks.
+
+The projection is for this machine's cores as the calibration measured them (CPU time, ranks
+sharing cores when they outnumber them). Other programs sharing the machine slow the run
+besides: each rank's time spent runnable but waiting for a core is read from the kernel
+(``/proc/self/schedstat``, its run-queue delay) over the run, and the projection is stretched
+by it (``load_factor``: 1 on a machine of one's own) beyond what the ranks' own sharing of
+cores explains. ``predicted_alone_s`` is the projection without it."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 from labkit.layout.layout import Layout
@@ -34,6 +42,8 @@ class Comparison:
     layout: str
     predicted_s: float
     measured_s: float
+    predicted_alone_s: float = 0.0
+    load_factor: float = 1.0
 
     @property
     def error(self) -> float:
@@ -54,17 +64,45 @@ def compare(cluster, runs=None, steps: int = 6, quick: bool = False) -> tuple[li
             for name, model, layout, batch, micro in cells:
                 predicted = project(model, layout, here, global_batch=batch,
                                     micro_batches=micro, precision="fp32")
+                before = cluster.run(_sched)
                 report = labkit.train(cluster, model=model, layout=layout, global_batch=batch,
                                       micro_batches=micro, steps=steps, estimate=False)
-                out.append(Comparison(name, n, str(layout), predicted.step_s,
-                                      report.median_step_s))
+                factor = _load_factor(before, cluster.run(_sched), calib.core_share)
+                out.append(Comparison(name, n, str(layout), predicted.step_s * factor,
+                                      report.median_step_s, predicted.step_s, factor))
     return out, calibrations
+
+
+def _sched(ctx=None) -> tuple[float, float]:
+    """(wall seconds, seconds runnable but waiting for a core) of this rank, now."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            waited = int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):  # not Linux: no correction
+        waited = 0.0
+    return time.monotonic(), waited
+
+
+def _load_factor(before, after, core_share: float) -> float:
+    """How much longer the run took than on cores of its own: 1 / (the share of its
+    runnable time a rank was on a core), the slowest rank's, less what ``core_share`` (the
+    ranks' own sharing, already projected) explains; at least 1."""
+    stretch = 1.0
+    for (w0, q0), (w1, q1) in zip(before, after, strict=True):
+        wall, queued = w1 - w0, q1 - q0
+        if wall > 0 and queued < wall:
+            stretch = max(stretch, wall / (wall - queued))
+    return max(1.0, stretch / core_share)
 
 
 def error_stats(comparisons) -> dict:
     errors = [abs(c.error) for c in comparisons]
+    alone = [abs(c.predicted_alone_s - c.measured_s) / c.measured_s for c in comparisons
+             if c.predicted_alone_s]
     return {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-            "runs": len(errors)}
+            "runs": len(errors),
+            "median_abs_error_alone": statistics.median(alone) if alone else None,
+            "median_load_factor": statistics.median(c.load_factor for c in comparisons)}
 
 
 __all__ = ["RUNS", "Calibration", "Comparison", "compare", "error_stats"]

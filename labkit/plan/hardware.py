@@ -20,7 +20,22 @@ import dataclasses
 from dataclasses import dataclass
 
 GB = 1e9
+GiB = 2**30
+MiB = 2**20
 TFLOPS = 1e12
+# Memory the planner leaves free on a GPU (a named assumption, ``ASSUMPTIONS`` in project.py):
+# a fixed reserve for the CUDA context and cuBLAS workspaces (~0.5-1 GiB per process) and
+# NCCL's channel buffers (~0.5-1 GiB), then a fraction of the rest lost to the caching
+# allocator's fragmentation. A layout that needs more than ``usable_memory_bytes`` is not
+# called fitting (a 79.99 GB layout on an 80 GB card would not run).
+MEMORY_RESERVED_BYTES = 2 * GiB
+MEMORY_FRAGMENTATION = 0.05
+# Device memory figures: vendors print "80 GB" where the HBM/GDDR stacks hold 80 GiB (DRAM
+# dies come in binary sizes). Where the total the driver reports is published (nvidia-smi's
+# memory.total, listed for several cards in modal-labs/modal-client PR #2797, 2025-01-23,
+# https://github.com/modal-labs/modal-client/pull/2797), the row uses it; else the GiB the
+# stacks hold, said in the row's note.
+SMI_SOURCE = "nvidia-smi memory.total, modal-labs/modal-client PR #2797"
 ACCESSED = "2026-12-01"  # the date the datasheets below were read for this table
 
 
@@ -34,9 +49,14 @@ class GPU:
         bf16_flops, fp32_flops: dense peak FLOP/s: bf16 on the matrix units (tensor cores)
             with fp32 accumulation; fp32 without them (no TF32).
         memory_bandwidth: device-memory bytes/s.
-        gpus_per_node: GPUs in the vendor's reference node (DGX/HGX, the MI300X platform).
+        gpus_per_node: GPUs in the vendor's reference node (DGX/HGX, the MI300X platform):
+            the most one node's GPU links join (``Cluster`` refuses more unless told).
         intra_node_bandwidth: bytes/s each GPU sends to the others of its node, one direction
-            (NVLink/NVSwitch, Infinity Fabric; PCIe where there is no GPU link).
+            (NVLink/NVSwitch, Infinity Fabric; PCIe where there is no GPU link). With
+            ``peer_links`` (a fully connected node, no switch) it is ONE link's: a GPU reaches
+            each peer over its own link, so a group of g uses g-1 of them.
+        peer_links: links per GPU in a fully connected node (0: a switch, any peer at the
+            full ``intra_node_bandwidth``).
         inter_node_bandwidth: bytes/s each GPU sends off its node, one direction (its share of
             the node's InfiniBand/RoCE NICs in the reference node).
         source: the datasheet (URL); note: how a figure was derived, or what is unsure.
@@ -54,6 +74,23 @@ class GPU:
     note: str = ""
     accessed: str = ACCESSED
     measured: bool = False
+    peer_links: int = 0
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a training step may use: the capacity less ``MEMORY_RESERVED_BYTES`` and
+        ``MEMORY_FRAGMENTATION`` of it (a measured machine's cap is all usable: labkit
+        enforces it on the tensors alone)."""
+        if self.measured:
+            return self.memory_bytes
+        return self.memory_bytes * (1 - MEMORY_FRAGMENTATION) - MEMORY_RESERVED_BYTES
+
+    def group_bandwidth(self, group: int, kind: str) -> float:
+        """Bytes/s one GPU sends in a ``kind`` collective over ``group`` GPUs of its node."""
+        if not self.peer_links:
+            return self.intra_node_bandwidth
+        links = 1 if kind == "send" else min(max(group - 1, 1), self.peer_links)
+        return links * self.intra_node_bandwidth
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s of the matmuls of a run in ``precision`` ("fp32", "bf16", "mixed")."""
@@ -64,53 +101,64 @@ _PCIE4_X16 = 32 * GB  # PCIe 4.0 x16: 16 GT/s x 16 lanes, ~32 GB/s each way
 _PCIE5_X16 = 64 * GB
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
-    GPU("laptop-RTX4060", 8 * GB, 2 * 11.6 * TFLOPS, 11.6 * TFLOPS, 256 * GB, 1,
+    GPU("laptop-RTX4060", 8 * GiB, 2 * 11.6 * TFLOPS, 11.6 * TFLOPS, 256 * GB, 1,
         _PCIE4_X16 / 2, 0.0,
         "https://www.nvidia.com/en-us/geforce/laptops/40-series/",
-        "UNSURE: NVIDIA publishes 8 GB GDDR6 on 128 bits at 16 Gbps (256 GB/s) but only 'AI "
+        "8 GB read as 8 GiB (the GDDR6 dies' size). UNSURE: NVIDIA publishes 8 GB GDDR6 on 128 "
+        "bits at 16 Gbps (256 GB/s) but only 'AI "
         "TOPS' for laptops; fp32 11.6 TFLOPS is the 1890 MHz boost x 3072 cores x 2 (laptop "
         "makers set lower power, hence lower clocks); bf16 is taken as 2x fp32 (the ratio of "
         "Ada GeForce tensor cores with fp32 accumulation in the Ada whitepaper); one GPU, "
         "PCIe 4.0 x8."),
-    GPU("RTX4090", 24 * GB, 165.2 * TFLOPS, 82.6 * TFLOPS, 1008 * GB, 4, _PCIE4_X16, 0.0,
+    GPU("RTX4090", 24 * GiB, 165.2 * TFLOPS, 82.6 * TFLOPS, 1008 * GB, 4, _PCIE4_X16, 0.0,
         "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
-        "Ada whitepaper appendix: BF16 tensor 165.2 TFLOPS dense with fp32 accumulate. No "
+        "24 GB read as 24 GiB (12 x 16 Gbit GDDR6X). Ada whitepaper appendix: BF16 tensor 165.2 "
+        "TFLOPS dense with fp32 accumulate. No "
         "NVLink: GPUs talk over PCIe 4.0 x16. 4 per node and no network are a typical "
         "workstation, NOT a datasheet figure."),
-    GPU("L4", 24 * GB, 121 * TFLOPS, 30.3 * TFLOPS, 300 * GB, 8, _PCIE4_X16,
+    GPU("L4", 23034 * MiB, 121 * TFLOPS, 30.3 * TFLOPS, 300 * GB, 8, _PCIE4_X16,
         100 / 8 * GB / 8,
         "https://www.nvidia.com/en-us/data-center/l4/",
-        "Datasheet: BF16 242 TFLOPS with sparsity (121 dense), FP32 30.3 TFLOPS, 300 GB/s. "
+        f"Memory: {SMI_SOURCE} (24 GB, ECC on). Datasheet: BF16 242 TFLOPS with sparsity (121 "
+        "dense), FP32 30.3 TFLOPS, 300 GB/s. "
         "PCIe 4.0 only. 8 per node on a 100 Gb/s network is a typical cloud server (e.g. "
         "g2-standard-96), NOT a datasheet figure."),
-    GPU("A100-40GB", 40 * GB, 312 * TFLOPS, 19.5 * TFLOPS, 1555 * GB, 8, 300 * GB, 25 * GB,
+    GPU("A100-40GB", 40960 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 1555 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-        "SXM4. NVLink 600 GB/s both directions. DGX A100: 8 GPUs, 8x 200 Gb/s HDR IB "
+        f"Memory: {SMI_SOURCE} (40 GiB). SXM4. NVLink 600 GB/s both directions. DGX A100: 8 "
+        "GPUs, 8x 200 Gb/s HDR IB "
         "(25 GB/s per GPU)."),
-    GPU("A100-80GB", 80 * GB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
+    GPU("A100-80GB", 81920 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-        "SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB."),
-    GPU("H100", 80 * GB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
+        f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB."),
+    GPU("H100", 81559 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
         "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+        f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
         "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU)."),
-    GPU("H200", 141 * GB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
+    GPU("H200", 141 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
-        "H200 SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
+        "141 GB read as 141 GiB (HBM3e stacks; UNSURE: the driver's own total not found "
+        "published). H200 SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 "
+        "network as DGX "
         "H100."),
-    GPU("B200", 180 * GB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
+    GPU("B200", 180 * GiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
-        "HGX B200 (1000 W): FP16/BF16 4.5 PFLOPS with sparsity (2.25 dense), FP32 80 TFLOPS, "
+        "180 GB read as 180 GiB (UNSURE, as H200). HGX B200 (1000 W): FP16/BF16 4.5 PFLOPS with "
+        "sparsity (2.25 dense), FP32 80 TFLOPS, "
         "8 TB/s; DGX B200 lists 1440 GB for 8 GPUs (180 GB each; 192 GB is the chip). NVLink 5 "
         "1.8 TB/s both directions; 8x 400 Gb/s ConnectX-7. UNSURE: some pages quote 75 TFLOPS "
         "fp32."),
-    GPU("MI300X", 192 * GB, 1307.4 * TFLOPS, 163.4 * TFLOPS, 5300 * GB, 8, 448 * GB, 50 * GB,
+    GPU("MI300X", 192 * GiB, 1307.4 * TFLOPS, 163.4 * TFLOPS, 5300 * GB, 8, 64 * GB, 50 * GB,
         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
-        "Dense BF16 1307.4 TFLOPS (2614.9 with sparsity), FP32 vector 163.4 TFLOPS. Infinity "
-        "Fabric: 7 links x 128 GB/s both directions = 896 GB/s (448 each way). 400 Gb/s per "
-        "GPU is the usual platform network, NOT in AMD's datasheet."),
+        "192 GB read as 192 GiB (8 HBM3 stacks of 24 GiB). Dense BF16 1307.4 TFLOPS (2614.9 "
+        "with sparsity), FP32 vector 163.4 TFLOPS. Infinity Fabric: 7 links per GPU, 128 GB/s "
+        "each both directions (64 GB/s each way), one to each peer of the 8-GPU platform (no "
+        "switch): a GPU reaches ONE peer at 64 GB/s and a collective over g GPUs uses g-1 "
+        "links (all 8: 448 GB/s each way). 400 Gb/s per GPU is the usual platform network, "
+        "NOT in AMD's datasheet.", peer_links=7),
 )}
 
 
@@ -132,8 +180,10 @@ class Cluster:
     fraction of peak FLOP/s that a well-tuned training step sustains on large matmuls: a named
     assumption, 0.5 by default (published large runs report 38-55% MFU: Megatron-LM 2021,
     Llama 3 2024); a measured cluster (this machine) sets it from its measured matmuls.
-    ``alpha_s`` is each collective's fixed latency, per link kind (intra, inter): 10 and 20
-    us, the order of NCCL's small-message latency (an assumption). ``op_overhead_s`` is a
+    ``alpha_s`` is the latency of one step of a ring (one message), per link kind (intra,
+    inter): 10 and 20 us, the order of NCCL's small-message latency (an assumption); a
+    collective pays it once per step (2(N-1) for AllReduce: ``labkit.costs.ring_steps``).
+    ``custom_node`` allows more GPUs per node than the reference node joins. ``op_overhead_s`` is a
     fixed cost per dispatched op (0 on GPUs, where kernels queue ahead of the device; measured
     on this machine) and ``measured_links`` each collective's fitted alpha-beta (this
     machine)."""
@@ -145,6 +195,7 @@ class Cluster:
     alpha_s: tuple[float, float] = (10e-6, 20e-6)
     op_overhead_s: float = 0.0
     measured_links: dict | None = dataclasses.field(default=None, compare=False, hash=False)
+    custom_node: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "gpu", gpu(self.gpu))
@@ -154,6 +205,13 @@ class Cluster:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Cluster({name}={value!r}): a whole number, at least 1")
+        if self.gpus_per_node > self.gpu.gpus_per_node and not self.custom_node:
+            raise ValueError(
+                f"{self.gpu.name} nodes join at most {self.gpu.gpus_per_node} GPUs on their GPU "
+                f"links (the reference node); gpus_per_node={self.gpus_per_node} would put "
+                f"GPUs on links the table does not have: use gpus_per_node <= "
+                f"{self.gpu.gpus_per_node} and more nodes, or custom_node=True to assume a "
+                "bigger node with the same per-GPU links")
         if self.nodes > 1 and self.gpu.inter_node_bandwidth <= 0:
             raise ValueError(f"{self.gpu.name} rows have no network between nodes (a "
                              "workstation GPU): use nodes=1, or a data-centre GPU")
@@ -165,11 +223,13 @@ class Cluster:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def link(self, spans_nodes: bool) -> tuple[float, float]:
-        """(alpha seconds, bandwidth bytes/s) of the link a group uses."""
+    def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce"
+             ) -> tuple[float, float]:
+        """(alpha seconds per ring step, bandwidth bytes/s) of the link a ``kind`` collective
+        over ``group`` GPUs uses."""
         if spans_nodes:
             return self.alpha_s[1], self.gpu.inter_node_bandwidth
-        return self.alpha_s[0], self.gpu.intra_node_bandwidth
+        return self.alpha_s[0], self.gpu.group_bandwidth(group, kind)
 
     def replace(self, **changes) -> Cluster:
         return dataclasses.replace(self, **changes)

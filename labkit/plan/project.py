@@ -4,10 +4,10 @@
 
 * compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
   the cluster's named assumption (``Cluster.efficiency``; measured matmuls on this machine).
-* communication: each (mesh dimension, collective) costs calls x alpha + what a rank sends on
-  a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses: a group
-  whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per node)
-  uses the node's GPU links, any other the network.
+* communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
+  rank sends on a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses:
+  a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
+  node) uses the node's GPU links, any other the network.
 * overlap: DDP's AllReduce runs during backward (buckets), so only what outlasts backward is
   exposed, and never less than its last bucket; FSDP's all-gathers and reduce-scatters
   likewise during forward and backward; tensor parallelism and pipeline sends are on the
@@ -22,18 +22,18 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from labkit.costs import ring_share
+from labkit.costs import ring_share, ring_steps
 from labkit.layout.layout import MESH_ORDER, Layout
 from labkit.memory.units import format_bytes
 from labkit.plan.counts import is_decoder, is_recommender, sample_counts
 from labkit.plan.hardware import Cluster
+from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
     Lever,
     StepCosts,
     compute_bytes,
     decoder_memory,
     local_params,
-    recommender_memory,
     step_comm,
     step_flops,
 )
@@ -43,12 +43,24 @@ ASSUMPTIONS = (
     "measured matmul throughput on this machine)",
     "bandwidth-bound work (embedding lookups, the optimizer's pass over its state) runs at the "
     "memory bandwidth",
-    "collectives follow alpha + bytes sent on a ring / link bandwidth; a group inside a node "
+    "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
+    "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
     "uses the GPU links, a group across nodes the network",
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
     "pipeline sends are exposed",
     "a pipeline idles (p-1)/v micro-batch times per step",
+    "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
+    "bound; ring attention sends the next block while it computes the current one)",
+    "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
+    "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
+    "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",
+    "'mixed' is labkit's recipe: fp32 weights, gradients (reduced in fp32) and Adam moments, "
+    "bf16 compute; 'bf16' keeps weights and optimizer state in bf16 too (a convergence risk)",
 )
+
+BF16_CAVEAT = ("pure bf16: weights and optimizer state in bf16 lose updates smaller than "
+               "bf16's resolution (8 bits of mantissa), a convergence risk; mixed precision is "
+               "the training default (fp32 master state)")
 
 
 @dataclass
@@ -94,7 +106,13 @@ class Projection:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.cluster.gpu.memory_bytes
+        """Peak under the GPU's usable memory (capacity less the reserve and fragmentation)."""
+        return self.peak_bytes <= self.cluster.gpu.usable_memory_bytes
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What a reader must know before trusting this layout to train (not only to run)."""
+        return (BF16_CAVEAT,) if self.lever.precision == "bf16" else ()
 
     def time_to_train(self, tokens: float | None = None, samples: float | None = None) -> dict:
         """Wall-clock seconds, days and GPU-hours to train ``tokens`` (or ``samples``)."""
@@ -116,7 +134,8 @@ class Projection:
                 "activation_checkpointing": self.lever.activation_checkpointing,
                 **self.split(), "samples_per_s": self.samples_per_s,
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
-                "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links}
+                "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links,
+                "caveats": list(self.caveats)}
 
     def _repr_html_(self) -> str:
         s = self.split()
@@ -124,7 +143,8 @@ class Projection:
                 f"{s['step_s'] * 1e3:.1f} ms (compute {s['compute_s'] * 1e3:.1f}, exposed "
                 f"comm {s['exposed_comm_s'] * 1e3:.1f}, bubble {s['bubble_s'] * 1e3:.1f}); "
                 f"MFU {self.mfu:.0%}; peak {format_bytes(self.peak_bytes)} per GPU of "
-                f"{format_bytes(self.cluster.gpu.memory_bytes)}"
+                f"{format_bytes(self.cluster.gpu.usable_memory_bytes)} usable"
+                + "".join(f"<br><b>caveat</b>: {c}" for c in self.caveats) +
                 f"<br><small>assumptions: {'; '.join(self.assumptions)}</small>")
 
 
@@ -139,13 +159,15 @@ def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
 
 def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: float,
                   spans: bool) -> float:
+    """``calls`` collectives moving ``nbytes`` in all: each pays alpha per ring step
+    (``labkit.costs.collective_seconds``), the bytes pay the bandwidth once."""
     fitted = getattr(cluster, "measured_links", None)
-    if fitted:  # this machine: each collective's own alpha and beta
+    if fitted:  # this machine: each collective's own alpha (per step) and beta
         fit = fitted.get(kind) or fitted["all_reduce"]
-        alpha, bandwidth = fit.alpha_s, fit.bandwidth
+        alpha, bandwidth = fit.latency_per_step, fit.bandwidth
     else:
-        alpha, bandwidth = cluster.link(spans)
-    return calls * alpha + ring_share(kind, group) * nbytes / bandwidth
+        alpha, bandwidth = cluster.link(spans, group, kind)
+    return calls * ring_steps(kind, group) * alpha + ring_share(kind, group) * nbytes / bandwidth
 
 
 @functools.lru_cache(maxsize=4096)
@@ -205,22 +227,27 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
     peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
     compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
-               + cluster.op_overhead_s * _ops(model_config, layout, lever))
-    busy, links = {}, {}
+               + (cluster.op_overhead_s * _ops(model_config, layout, lever)
+                  if cluster.op_overhead_s else 0.0))  # GPUs: 0, and no op count to trace
+    busy, links, critical = {}, {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
         links[dim] = "network" if spans else "in-node"
         t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans)
         busy[dim] = busy.get(dim, 0.0) + t
+        if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
+            critical[dim] = critical.get(dim, 0.0) + t
     exposed = dict(busy)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
     for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
         if dim in busy:
-            calls = sum(c for (d, _), (c, _) in costs.comm.items() if d == calls_dim)
+            calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
+                        and k != "all_to_all")
             hide = backward if dim == "dp" else compute
             if layout.data_engine == "naive":
                 hide = 0.0
-            exposed[dim] = max(busy[dim] - hide, busy[dim] / max(calls, 1))
+            late = busy[dim] - critical.get(dim, 0.0)
+            exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:
         per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches

@@ -57,8 +57,33 @@ def check_layout(model_config, layout: Layout, cluster, lever) -> None:
         except ValueError as error:
             raise PlanError(str(error)) from None
     _check_batch(layout, lever)
+    _check_cp_ep(model_config, layout)
     if layout.pipelined:
         _check_pipeline(model_config, layout, lever)
+
+
+def _check_cp_ep(model_config, layout: Layout) -> None:
+    """cp and ep as labkit's engines run them: ring attention on a decoder's sequences, not
+    beside tp or pp; experts over exactly the dp ranks, a whole number of experts each."""
+    from labkit.plan.cp_ep import is_moe
+
+    if layout.cp > 1:
+        if not isinstance(model_config, GPTConfig):
+            raise PlanError("cp splits a decoder's sequences; this model has no attention")
+        if layout.tp > 1 or layout.pipelined:
+            raise PlanError("cp composes with dp and fsdp here (labkit's ring attention), not "
+                            "with tp or pp: use Layout(dp=..., fsdp=..., cp=...)")
+        if model_config.seq_len % (2 * layout.cp):
+            raise PlanError(f"cp={layout.cp} cuts each sequence into {2 * layout.cp} chunks: "
+                            f"seq_len {model_config.seq_len} is not a multiple of "
+                            f"{2 * layout.cp}")
+    if layout.ep > 1:
+        if not is_moe(model_config):
+            raise PlanError("ep cuts a mixture of experts' experts; this model has none "
+                            "(use labkit.models.moe.MoEGPTConfig)")
+        if layout.ep != layout.dp or model_config.n_experts % layout.ep:
+            raise PlanError(f"ep borrows the dp ranks: ep must equal dp (here {layout.dp}) "
+                            f"and divide the {model_config.n_experts} experts")
 
 
 def _check_batch(layout: Layout, lever) -> None:

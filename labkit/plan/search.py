@@ -24,7 +24,8 @@ from labkit.plan.step import Lever
 
 @dataclass
 class SearchResult:
-    """Layouts that fit, fastest first, and each refusal with its reason."""
+    """Layouts that fit, fastest first (pure-bf16 ones after all others: ``caveats``), and
+    each refusal with its reason."""
 
     fits: list[Projection]
     rejected: list[tuple[str, str]] = field(default_factory=list)
@@ -41,7 +42,7 @@ class SearchResult:
                 ckpt = " with activation checkpointing" if p.lever.activation_checkpointing else ""
                 lean = (f" (the leanest, {p.layout} {p.lever.precision}{ckpt}, needs "
                         f"{p.peak_bytes / 1e9:.1f} GB per GPU of "
-                        f"{p.cluster.gpu.memory_bytes / 1e9:.0f} GB)")
+                        f"{p.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable)")
             raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) + lean +
                             ". Add GPUs or nodes, a GPU with more memory, or a smaller batch")
         return self.fits[0]
@@ -68,12 +69,16 @@ def _data_splits(data: int, per_node: int) -> list[tuple[int, int]]:
 
 
 def candidates(model_config, cluster: Cluster, global_batch: int,
-               precisions=("bf16", "mixed"), checkpointing=(False, True)):
-    """Every (layout, lever) the search tries."""
+               precisions=("bf16", "mixed"), checkpointing=(False, True), cp=(1,)):
+    """Every (layout, lever) the search tries: tp x pp x data layouts; with ``cp`` degrees
+    above 1, ring-attention layouts (dp or fsdp x cp); for a mixture of experts, experts over
+    the dp ranks (ep = dp)."""
     world, heads_limit = cluster.world_size, cluster.gpus_per_node
     if is_recommender(model_config):
         yield from _recommender_candidates(cluster, global_batch, precisions)
         return
+    yield from _cp_ep_candidates(model_config, cluster, global_batch, precisions,
+                                 checkpointing, cp)
     layers = getattr(model_config, "n_layers", 1)
     for tp in _powers_of_two(min(world, heads_limit)):
         for pp in _powers_of_two(world // tp):
@@ -89,6 +94,22 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
                                             schedule="1f1b" if pp > 1 else None,
                                             dp_kind="fsdp" if fsdp > 1 else None)
                             yield layout, Lever(global_batch, micro, precision, ckpt)
+
+
+def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpointing, cp):
+    """Layouts with cp > 1 (with dp or fsdp) and, for a mixture of experts, ep = dp."""
+    from labkit.plan.cp_ep import is_moe
+
+    world, levers = cluster.world_size, [(p, c) for p in precisions for c in checkpointing]
+    layouts = [Layout(dp=world // c, fsdp=1, cp=c) for c in cp if c > 1 and world % c == 0]
+    layouts += [Layout(fsdp=world // c, cp=c, dp_kind="fsdp") for c in cp
+                if c > 1 and world % c == 0 and world > c]
+    if is_moe(model_config) and world > 1:
+        layouts.append(Layout(dp=world, ep=world))
+    for layout in layouts:
+        for micro in _micro_batches(global_batch, layout.data_size, 1):
+            for precision, ckpt in levers:
+                yield layout, Lever(global_batch, micro, precision, ckpt)
 
 
 def _recommender_candidates(cluster: Cluster, global_batch: int, precisions):
@@ -116,8 +137,9 @@ def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
 
 
 def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
-           checkpointing=(False, True)) -> SearchResult:
-    """Project every candidate layout; return those that fit, fastest first."""
+           checkpointing=(False, True), cp=(1,)) -> SearchResult:
+    """Project every candidate layout; return those that fit, fastest first. ``cp``: the
+    context-parallel degrees to try besides 1 (long sequences), e.g. (1, 2, 4, 8)."""
     if precisions is None:
         precisions = ("fp32",) if cluster.gpu.measured else ("bf16", "mixed")
     for precision in precisions:  # refuse a bad batch once, not once per candidate
@@ -126,7 +148,7 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     fits, rejected, leanest = [], [], None
     measured = cluster.gpu.measured
     for layout, lever in candidates(model_config, cluster, global_batch, precisions,
-                                    checkpointing):
+                                    checkpointing, cp):
         label = (f"{layout} m={lever.micro_batches} {lever.precision}"
                  f"{' ckpt' if lever.activation_checkpointing else ''}")
         try:
@@ -142,7 +164,8 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
                 leanest = projection
             continue
         fits.append(projection)
-    fits.sort(key=lambda p: p.step_s)
+    # pure bf16 (no fp32 master state) last whatever its speed: it may not converge
+    fits.sort(key=lambda p: (bool(p.caveats), p.step_s))
     return SearchResult(fits, rejected, time.perf_counter() - start, leanest)
 
 
@@ -150,5 +173,5 @@ def _overflow(projection: Projection) -> str:
     memory = projection.costs.memory
     largest = max(memory, key=memory.get)
     return (f"out of memory: {projection.peak_bytes / 1e9:.1f} GB per GPU > "
-            f"{projection.cluster.gpu.memory_bytes / 1e9:.0f} GB ({largest} "
+            f"{projection.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable ({largest} "
             f"{memory[largest] / 1e9:.1f} GB is the largest part)")

@@ -34,6 +34,7 @@ from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
 from labkit.layout.layout import Layout
 from labkit.models import build_model, plan_for
 from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
+from labkit.plan.cp_ep import cp_ep_comm, ep_local_params
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
@@ -86,11 +87,13 @@ def _zero_stage(layout: Layout) -> tuple[int, int]:
     return 0, 1
 
 
-def _state_precision(precision: str, measured: bool) -> str:
-    """The ``model_state_bytes`` row: labkit's own "mixed" keeps fp32 weights (the "fp32"
-    row); on a GPU cluster "mixed" is the usual recipe (bf16 weights and gradients, fp32
-    master weights and Adam moments: the ZeRO paper's "mixed" row)."""
-    return "fp32" if precision == "mixed" and measured else precision
+def _state_precision(precision: str, measured: bool = False) -> str:
+    """The ``model_state_bytes`` row of labkit's precision lever, on any cluster: "mixed"
+    keeps fp32 weights, fp32 gradients (reduced in fp32: FSDP2's ``reduce_dtype``, DDP on
+    fp32 parameters) and fp32 Adam moments, computing in bf16 (autocast, or FSDP2's
+    ``param_dtype``): the "fp32" row, 16 B per parameter with Adam, the same total as the ZeRO
+    paper's "mixed" row (2 + 2 + 12). The wire carries what memory holds (``step_comm``)."""
+    return "fp32" if precision == "mixed" else precision
 
 
 def _optimizer_share(row: str, optimizer: str) -> float:
@@ -144,7 +147,7 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
     # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
     ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
                                            _head_params(model_config))
-    local = ends + per_stage * blocks.params
+    local = ep_local_params(model_config, layout, ends + per_stage * blocks.params)
     stage, shards = _zero_stage(layout)
     row = _state_precision(lever.precision, measured)
     state = model_state_bytes(local, shards, stage, row)
@@ -163,7 +166,7 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
         first = in_blocks * _in_flight(layout, lever)
         last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
         per_sample = max(first, last + rest) + recompute
-    activations = per_sample * width * micro
+    activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
     other = 0.0
     if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
         other += 2 * blocks.params * compute_bytes(lever.precision)
@@ -197,17 +200,34 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         pairs = _tp_pairs(model_config)
         share = 1 / layout.pp  # a stage's share of the pairs
         calls = 2 * len(pairs) * m * share
-        out[("tp", "all_reduce")] = (round(calls), sum(c + r for c, r in pairs) * tokens * act
-                                     * m * share)
+        width = sum(c + r for c, r in pairs)
+        if lever.activation_checkpointing and is_decoder(model_config):
+            # backward reruns each block's forward, and with it the row layers' forward
+            # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
+            # tensor backward needs is recomputed): the block's last row layer's output is
+            # not, so a block of k pairs recomputes k-1 AllReduces (measured: tests/test_plan)
+            block = _tp_pairs(replace_layers(model_config, 1))
+            again = [r for _, r in block[:-1]] * model_config.n_layers
+            calls += len(again) * m * share
+            width += sum(again)
+        out[("tp", "all_reduce")] = (round(calls), width * tokens * act * m * share)
     if layout.pp > 1:
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
         # a middle stage sends activations forward and gradients backward; an end stage one
         sends = m if layout.pp == 2 else 2 * m
         out[("pp", "send")] = (sends, sends * tokens * width * act)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
+    if layout.cp > 1 or layout.ep > 1:
+        sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
+        out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
+                              else 2, sharded))
+        if layout.ep > 1:  # replicas averaged by hand (in cp_ep_comm), not by DDP
+            return out
     engine = layout.data_engine
     if engine == "tables":
-        out.update(_table_comm(model_config, layout, lever))
+        from labkit.plan.recommender import table_comm
+
+        out.update(table_comm(model_config, layout, lever))
         return out
     if engine == "fsdp":
         # FSDP2 gathers each block in forward and again in backward, the root (embeddings,
@@ -254,59 +274,5 @@ def local_params(model_config, layout: Layout) -> float:
         per_stage = math.ceil(model_config.n_layers / layout.pp)
         ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
                                                _head_params(model_config))
-        return ends + per_stage * blocks.params
+        return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
     return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
-
-
-def recommender_memory(model_config, layout: Layout, lever: Lever) -> dict[str, float]:
-    """Peak bytes by category on the worst rank of a DLRM layout (no trace).
-
-    Tables: whole tables spread over the fsdp group (table_wise: the fullest rank holds
-    ceil(tables / fsdp) of them; labkit's planner balances equal tables so), rows split
-    (row_wise), or every table on every rank (replicas). FSDP without ``tables`` shards all
-    state. The dense MLPs are replicated; activations are the batch's looked-up rows and the
-    MLPs' outputs, small beside the tables."""
-    counts = sample_counts(model_config)
-    table = model_config.rows_per_table * model_config.embedding_dim
-    tables = model_config.num_tables * table
-    dense = counts.params - tables
-    if layout.tables == "table_wise":
-        here = math.ceil(model_config.num_tables / layout.fsdp) * table
-    elif layout.tables is not None:
-        here = tables / layout.fsdp
-    else:
-        here = tables
-    stage, shards = _zero_stage(layout) if layout.tables is None else (0, 1)
-    state = model_state_bytes(here + dense, shards, stage, "fp32" if lever.precision ==
-                              "mixed" else lever.precision)
-    optimizer = state["optimizer"] * OPTIMIZER_STATE_COPIES[lever.optimizer] / 2
-    micro = lever.global_batch / layout.data_size / lever.micro_batches
-    width = model_config.embedding_dim * (model_config.num_tables + 1)
-    activations = micro * (width + model_config.bottom_hidden + model_config.top_hidden) * 4 * 4
-    return {"parameters": state["parameters"], "gradients": state["gradients"],
-            "optimizer": optimizer, "activations": activations, "other": 0.0}
-
-
-def _table_comm(model_config, layout: Layout, lever: Lever) -> dict:
-    """A DLRM whose tables are placed over fsdp: ids gathered and rows exchanged (table-wise)
-    or partial rows reduce-scattered and their gradients gathered (row-wise), the dense MLPs'
-    gradients averaged over every rank, the tables' over dp (replicated across groups)."""
-    group_batch = lever.global_batch // layout.dp  # the samples one table group serves
-    tables, dim = model_config.num_tables, model_config.embedding_dim
-    rows = group_batch * tables * dim * 4  # the looked-up vectors of the group's batch
-    out = {}
-    if layout.fsdp > 1:
-        if layout.tables == "table_wise":
-            out[("fsdp", "all_gather")] = (1, group_batch * tables * 8)
-            out[("fsdp", "all_to_all")] = (2, 2 * rows)
-        else:
-            out[("fsdp", "reduce_scatter")] = (1, rows)
-            out[("fsdp", "all_gather")] = (1, rows)
-    counts = sample_counts(model_config)
-    dense = counts.params - tables * model_config.rows_per_table * dim
-    if layout.size > 1:
-        out[("fsdp" if layout.fsdp > 1 else "dp", "all_reduce")] = (1, dense * 4)
-    if layout.dp > 1:
-        here = model_config.rows_per_table * dim * math.ceil(tables / layout.fsdp)
-        out[("dp", "all_reduce")] = (1, here * 4 + dense * 4)
-    return out

@@ -1,0 +1,176 @@
+"""labkit.plan's model against the textbook, one test per defect a review found: latency per
+ring step, usable memory (GiB, headroom), pure bf16 ranked last with a caveat, mixed precision's
+gradients the same on the wire as in memory, nodes no bigger than their links, MI300X's links
+one per peer, calibration's memory from the machine, and TP's recomputed AllReduces."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import labkit.plan as plan
+from labkit.comm import AlphaBeta, fit_alpha_beta
+from labkit.costs import collective_seconds, ring_steps
+from labkit.layout import Layout
+from labkit.models import GPT_7B, GPTConfig
+from labkit.plan.hardware import GiB, MiB
+from labkit.plan.project import step_costs
+from labkit.plan.step import Lever, local_params, step_comm
+
+SMALL = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
+
+
+def test_ring_latency_is_paid_per_step():
+    assert [ring_steps("all_reduce", n) for n in (1, 2, 16)] == [0, 2, 30]
+    assert ring_steps("all_gather", 16) == ring_steps("reduce_scatter", 16) == 15
+    # 2(N-1) alpha + 2(N-1)/N bytes / beta: 16 ranks, 1 GB at 50 GB/s, 20 us a step
+    assert collective_seconds("all_reduce", 1e9, 16, 20e-6, 50e9) == pytest.approx(
+        30 * 20e-6 + 2 * 15 / 16 * 1e9 / 50e9)
+    # a fit on 2 ranks knows its intercept is 2 steps; on 8 ranks the same link pays 14
+    fit = fit_alpha_beta("all_reduce", 2, [1 << 10, 1 << 20], [2e-4 + 1e-9 * (1 << 10),
+                                                             2e-4 + 1e-9 * (1 << 20)])
+    assert fit.latency_per_step == pytest.approx(1e-4, rel=1e-6)
+    assert fit.on_group(8).alpha_s == pytest.approx(14e-4, rel=1e-6)
+    assert AlphaBeta("send", 2, 5e-5, 1e9).latency_per_step == 5e-5
+
+
+def test_projected_data_parallel_latency_grows_with_ranks():
+    # a 7B's gradients over dp=16 on two nodes: the textbook 2(N-1) alpha per AllReduce call
+    cluster = plan.Cluster("H100", nodes=2)
+    p = plan.project(GPT_7B, Layout(dp=16), cluster, global_batch=16)
+    calls, nbytes = p.costs.comm[("dp", "all_reduce")]
+    alpha, bandwidth = cluster.link(True)
+    assert p.comm_s["dp"] == pytest.approx(calls * 30 * alpha + 2 * 15 / 16 * nbytes / bandwidth)
+
+
+def test_memory_is_read_in_gib_with_headroom():
+    h100 = plan.Cluster("H100").gpu
+    assert h100.memory_bytes == 81559 * MiB  # the driver's total, ~85.5e9 bytes, not 80e9
+    assert plan.Cluster("MI300X").gpu.memory_bytes == 192 * GiB
+    usable = h100.usable_memory_bytes
+    assert usable == pytest.approx(h100.memory_bytes * 0.95 - 2 * GiB)
+    assert usable < 80e9  # a layout needing 79.99 "GB" is not called fitting
+    for name, row in plan.GPUS.items():
+        assert 0 < row.usable_memory_bytes < row.memory_bytes, name
+
+
+def test_pure_bf16_ranks_after_mixed_with_a_caveat():
+    found = plan.search(GPT_7B, plan.Cluster("H100", nodes=1), global_batch=64)
+    precisions = [p.lever.precision for p in found.fits]
+    assert precisions[0] == "mixed" and "bf16" in precisions
+    assert precisions.index("bf16") > max(i for i, x in enumerate(precisions) if x == "mixed")
+    bf16 = next(p for p in found.fits if p.lever.precision == "bf16")
+    assert "convergence" in bf16.caveats[0] and "caveat" in bf16._repr_html_()
+    assert found.best.caveats == () and bf16.summary()["caveats"]
+
+
+def test_mixed_gradients_are_fp32_in_memory_and_on_the_wire():
+    layout, lever = Layout(dp=8), Lever(8, 1, "mixed")
+    costs = step_costs(SMALL, layout, lever)
+    params = local_params(SMALL, layout)
+    assert costs.memory["gradients"] == pytest.approx(4 * params)  # fp32, as labkit trains
+    assert costs.comm[("dp", "all_reduce")][1] == pytest.approx(costs.memory["gradients"])
+    bf16 = step_costs(SMALL, layout, Lever(8, 1, "bf16"))
+    assert bf16.comm[("dp", "all_reduce")][1] == pytest.approx(bf16.memory["gradients"])
+
+
+def test_a_node_bigger_than_its_links_is_refused():
+    with pytest.raises(ValueError, match="at most 8 GPUs"):
+        plan.Cluster("H100", gpus_per_node=16)
+    assert plan.Cluster("H100", gpus_per_node=16, custom_node=True).world_size == 16
+
+
+def test_mi300x_reaches_one_peer_over_one_link():
+    gpu = plan.Cluster("MI300X").gpu
+    assert gpu.group_bandwidth(2, "send") == gpu.group_bandwidth(2, "all_reduce") == 64e9
+    assert gpu.group_bandwidth(8, "all_reduce") == 7 * 64e9
+    h100 = plan.Cluster("H100").gpu
+    assert h100.group_bandwidth(2, "send") == h100.group_bandwidth(8, "all_reduce") == 450e9
+
+
+def test_calibration_memory_without_a_cap_is_the_machines():
+    import os
+
+    from labkit.plan.calibrate import _host_memory_per_rank
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert _host_memory_per_rank(2) == total / 2 and total / 2 != 1 << 30
+
+
+def test_tensor_parallel_recompute_all_reduces_are_counted():
+    layout = Layout(tp=2)
+    plain, ckpt = (step_comm(SMALL, layout, Lever(8, 1, "fp32", ac), local_params(SMALL, layout))
+                   for ac in (False, True))
+    calls, nbytes = plain[("tp", "all_reduce")]
+    # backward's recompute reruns a block's attention AllReduce (its MLP's is not needed:
+    # checkpoint stops early); each is d_model wide like the others: 4 per block become 5
+    assert ckpt[("tp", "all_reduce")][0] == calls * 5 // 4
+    assert ckpt[("tp", "all_reduce")][1] == pytest.approx(nbytes * 5 / 4)
+    big = plan.project(GPT_7B, Layout(fsdp=4, tp=8), plan.Cluster("H100", nodes=4),
+                       global_batch=32, activation_checkpointing=True)
+    assert big.costs.comm[("tp", "all_reduce")][0] == 5 * GPT_7B.n_layers
+
+
+# ----- cp and ep: counted bytes equal a measured run's ---------------------------------------
+def test_cp_and_ep_bytes_equal_a_measured_run():
+    import labkit
+    from labkit.models.moe import MoEGPTConfig
+
+    moe = MoEGPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        for model, layout in ((SMALL, Layout(cp=2)), (moe, Layout(dp=2, ep=2))):
+            report = labkit.train(cluster, model=model, layout=layout, global_batch=8, steps=2,
+                                  optimizer="sgd", estimate=False)
+            measured = {(dim, kind): (c["calls"], c["bytes"])
+                        for dim, kinds in report.comm_by_dim().items()
+                        for kind, c in kinds.items() if kind != "recv"}
+            counted = step_comm(model, layout, Lever(8, 1, "fp32", optimizer="sgd"),
+                                local_params(model, layout))
+            assert {k: (round(c), round(b)) for k, (c, b) in counted.items()} == measured, (
+                layout)
+
+
+def test_cp_and_ep_in_projection_and_search():
+    from labkit.models.moe import MoEGPTConfig
+
+    long = GPTConfig(vocab_size=256, seq_len=4096, d_model=256, n_heads=4, n_layers=2)
+    node = plan.Cluster("H100", gpus_per_node=4)
+    # the same 2 data ranks, each sequence over 1 rank, then over a cp group of 2
+    one = plan.project(long, Layout(dp=2), plan.Cluster("H100", gpus_per_node=2), global_batch=4)
+    ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=4)
+    assert ring.costs.memory["activations"] < 0.6 * one.costs.memory["activations"]
+    assert ring.links["cp"] == "in-node" and ring.exposed_s["cp"] > 0
+    with pytest.raises(plan.PlanError, match="not with tp or pp"):
+        plan.project(long, Layout(cp=2, tp=2), node, global_batch=4)
+    moe = MoEGPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=2,
+                       n_experts=4)
+    ep = plan.project(moe, Layout(dp=4, ep=4), node, global_batch=8)
+    dense = plan.project(moe, Layout(dp=4), node, global_batch=8)
+    assert ep.costs.memory["parameters"] < dense.costs.memory["parameters"]
+    assert ep.comm_s["dp"] > 0 and ep.exposed_s["dp"] >= ep.comm_s["dp"] * 0.5
+    with pytest.raises(plan.PlanError, match="divide the 6 experts"):
+        plan.project(dataclasses.replace(moe, n_experts=6), Layout(dp=4, ep=4), node,
+                     global_batch=8)
+    with pytest.raises(plan.PlanError, match="has none"):
+        plan.project(long, Layout(dp=4, ep=4), node, global_batch=8)
+    found = plan.search(long, node, global_batch=4, cp=(1, 2, 4))
+    assert any(p.layout.cp > 1 for p in found.fits)
+    assert any(p.layout.ep > 1 for p in plan.search(moe, node, global_batch=8).fits)
+
+
+def test_ranks_over_cores_share_them_and_other_load_is_measured_not_guessed():
+    from labkit.plan.calibrate import Calibration
+    from labkit.plan.checkrun import _load_factor
+
+    alone = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)
+    crowded = Calibration(4, 1e11, 1e10, 2e-5, 1e9, cores=2)
+    assert alone.core_share == 1 and crowded.core_share == 2
+    assert crowded.cluster().gpu.bf16_flops == alone.cluster().gpu.bf16_flops / 2
+    assert crowded.cluster().op_overhead_s == 2 * alone.cluster().op_overhead_s
+    # a rank that waited for a core 3/4 of a 4 s run ran 4x slower than on a core of its own;
+    # the ranks' own sharing (2 ranks a core) explains half of that
+    before, after = [(0.0, 0.0), (0.0, 0.0)], [(4.0, 3.0), (4.0, 1.0)]
+    assert _load_factor(before, after, 1.0) == pytest.approx(4.0)
+    assert _load_factor(before, after, 2.0) == pytest.approx(2.0)
+    assert _load_factor(before, [(4.0, 0.0), (4.0, 0.0)], 1.0) == 1.0
