@@ -6,6 +6,7 @@
 # labkit.cluster.hardware.check_capacity, an even share without a cap, the fork/fresh launcher,
 # host copies of CUDA results, the end-of-run synchronise, C++ output through the pipes.
 # c8 (session of 2026-12-01): DCP checkpoints on CUDA, the GPT and the MoE GPT on CUDA.
+# c9 (2+ GPUs): cp=2 trained by torch's context_parallel against labkit's ring.
 # Then run every gpu-marked test: python -m pytest -m gpu tests/ (context_parallel's included).
 set -u
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || { echo "FAIL no GPU"; exit 1; }
@@ -214,8 +215,16 @@ def c8():  # this session's features on CUDA: checkpoints resume exactly, cp and
         check("the MoE GPT trains on CUDA", len(moe.losses) == 2, str(moe.losses))
         import labkit.plan
         info(f"planner calibration of one CUDA rank: {labkit.plan.calibrate(c, repeats=2)}")
+def c9():  # 2+ GPUs only: cp=2 trained by PyTorch's context_parallel equals labkit's ring
+    from labkit.models import GPTConfig
+    gpt, kw = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2), dict(global_batch=4, steps=3, optimizer="sgd", lr=0.1, timeout=180)
+    with labkit.Cluster(2, device="cuda", progress=False) as c:
+        track(c)
+        runs = {e: labkit.train(c, model=gpt, layout=labkit.Layout(cp=2), cp_engine=e, **kw) for e in ("auto", "ring")}
+        gap = max(abs(x - y) for x, y in zip(runs["auto"].losses, runs["ring"].losses))
+        check("cp=2 on 2 GPUs: torch context_parallel ran and trains as labkit's ring", runs["auto"].extra.get("cp_engine") == "torch context_parallel" and gap < 1e-4, f"{runs['auto'].extra.get('cp_engine')}, loss gap {gap:.2e}")
 steps = [("1 NCCL rank", c1), ("shared GPUs", c2), ("cap check", c3), ("memory", c4),
-         ("init/timing", c5), ("doctor", c7), ("checkpoints, cp/MoE, planner", c8)] + ([("NCCL pipelines", c6)] if G >= 2 else [])
+         ("init/timing", c5), ("doctor", c7), ("checkpoints, cp/MoE, planner", c8)] + ([("NCCL pipelines", c6), ("cp engines", c9)] if G >= 2 else [])
 for name, fn in steps:
     t0 = time.time()
     guard(name, fn)

@@ -193,7 +193,8 @@ def check_08(results: dict) -> None:
     peaks, capacity = results["peaks"], results["capacity"]
     longest = results["seq_options"][-1]
     assert peaks[str(longest)]["one device"] is None, "the longest sequence must OOM one device"
-    assert peaks[str(longest)]["cp=2"] is not None, "... and train with cp=2 under the same cap"
+    cp = f"cp={results['cp']}"
+    assert peaks[str(longest)][cp] is not None, f"... and train with {cp} under the same cap"
     assert all(p <= capacity for row in peaks.values() for p in row.values() if p is not None)
     assert 0.3 < results["peak_ratio"] < 1.0
     assert results["loss_gap"] < 1e-4  # ring attention is exact
@@ -207,6 +208,8 @@ def check_08(results: dict) -> None:
     assert results["all_to_all"]["calls"] > 0 and results["all_to_all"]["bytes"] > 0
     dropped = list(results["dropped"].values())
     assert dropped == sorted(dropped, reverse=True) and dropped[0] > 0
+    by_expert = [sum(map(sum, layers)) for layers in results["dropped_by_expert"].values()]
+    assert by_expert == sorted(by_expert, reverse=True) and by_expert[0] > 0  # the slider's
 
 
 def check_10(results: dict) -> None:

@@ -29,6 +29,7 @@ def test_cp_trains_as_one_device(four, reference, layout):
     with four.resized(layout.size):
         report = labkit.train(four, labkit.TrainConfig(model=GPT, layout=layout, **SGD))
     assert_trains_as(reference, report)
+    assert report.extra["cp_engine"] == "labkit ring"  # on CPU ranks (engine.py)
     cp = report.comm_by_dim()["cp"]
     assert {"send", "recv", "all_reduce"} <= set(cp), cp
     # each step: forward passes cp - 1 key/value blocks per layer, backward cp (the last

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 import labkit
 from labkit.costs import moe_all_to_all_bytes
 from labkit.expert_parallel import dropped_tokens, expert_load
+from labkit.expert_parallel.observe import dropped_by_expert
 from labkit.layout import Layout, check_run
 from labkit.models import MoEGPTConfig
 from labkit.models.moe import MoE
@@ -65,6 +66,9 @@ def test_routing_equals_a_token_by_token_loop_and_drops_over_capacity():
         load, dropped = layer.stats["load"], int(layer.stats["dropped"])
         assert int(load.sum()) + dropped == 3 * MOE.seq_len * MOE.top_k
         assert int(load.max()) <= 3 * layer.config.capacity()
+        chosen = F.one_hot(layer.router(x).topk(MOE.top_k, dim=-1).indices, MOE.n_experts)
+        over = layer.stats["dropped_by_expert"]  # (n_experts,): each expert's choices over
+        assert torch.equal(load + over, chosen.sum((0, 1, 2))) and int(over.sum()) == dropped
         if factor == 0.5:
             assert dropped > 0
 
@@ -83,6 +87,7 @@ def test_experts_over_ranks_train_as_one_device(four, reference, layout):
     assert_trains_as(reference, report)
     assert expert_load(report) == expert_load(reference)  # the same tokens, the same choices
     assert dropped_tokens(report) == dropped_tokens(reference)
+    assert dropped_by_expert(report) == dropped_by_expert(reference)
     routed = SGD["global_batch"] * MOE.seq_len * MOE.top_k
     for step in expert_load(report):
         assert all(sum(layer) <= routed for layer in step)

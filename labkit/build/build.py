@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from labkit.build.context import ParallelContext
 from labkit.build.materialize import materialize
 from labkit.context_parallel.apply import average_over_cp
+from labkit.context_parallel.engine import engine_on
 from labkit.data_parallel.ddp import bucket_bytes, wrap_ddp
 from labkit.data_parallel.naive import average_gradients, broadcast_parameters
 from labkit.embedding_parallel.tables import shard_tables, sync_table_gradients, table_plan
@@ -161,7 +162,8 @@ def build(ctx: ParallelContext, config) -> Built:
         if layout.ep > 1:  # this rank's experts only (DTensors over dp), all-to-all over dp
             shard_experts(model, ctx.submesh("dp"), ctx.group("dp"))
         if layout.cp > 1:  # ring attention over cp; weights untouched (replicated over cp)
-            plan.apply_cp(model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp)
+            plan.apply_cp(model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp,
+                          engine_on(config.cp_engine, ctx.device.type))
         if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
             for unit in plan.checkpoint_units(model):
                 checkpoint(unit)  # composable: hooks only, the weights keep their names

@@ -3,8 +3,9 @@ Transformers"; load-balanced causal split as in Megatron-LM's context parallelis
 
 For teaching, and what runs on CPU: PyTorch's own engine,
 ``torch.distributed.tensor.experimental.context_parallel``, refuses CPU attention in torch
-2.13 (``aten._scaled_dot_product_flash_attention_for_cpu`` has no sharding strategy), so
-``tests/test_context_parallel.py`` compares the two on GPUs only.
+2.13 (``aten._scaled_dot_product_flash_attention_for_cpu`` has no sharding strategy); on
+CUDA ranks training uses PyTorch's engine unless ``TrainConfig(cp_engine="ring")``
+(``engine.py``).
 
 Each of the N ranks of a cp group holds the queries, keys and values of its own tokens
 (two chunks of the sequence, ``sharding.py``). Forward: N steps; at step s a rank holds the

@@ -3,11 +3,8 @@ notebook 08 measures (every figure from runs on the ranks, FLOPs counted by PyTo
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from labkit.expert_parallel.observe import dropped_tokens
 from labkit.models import build_model, count_parameters
 
 
@@ -44,13 +41,6 @@ def moe_vs_dense(moe_report, dense_report) -> dict:
 def capacity_sweep(cluster, config, factors, layout) -> dict[float, float]:
     """{capacity factor: share of the router's choices dropped over capacity}, each trained
     for real with ``config`` (a TrainConfig of the MoE GPT) under ``layout``."""
-    from labkit.train import train
+    from labkit.expert_parallel.capacity import run_capacity
 
-    out = {}
-    for factor in factors:
-        model = dataclasses.replace(config.model, capacity_factor=float(factor))
-        with cluster.resized(layout.size):
-            report = train(cluster, config.replace(model=model, layout=layout), estimate=False)
-        routed = config.global_batch * model.seq_len * model.top_k * model.n_layers
-        out[float(factor)] = sum(dropped_tokens(report)) / (routed * report.steps)
-    return out
+    return {float(f): run_capacity(cluster, config, layout, f).dropped_share for f in factors}

@@ -12,7 +12,8 @@ def moe_layers(built) -> list:
 
 class ExpertObserver:
     """``record.extras``: ``expert_load`` [layer][expert] tokens taken (this rank's tokens),
-    ``dropped_tokens`` [layer] choices over capacity, ``routed_tokens`` choices made."""
+    ``dropped_tokens`` [layer] choices over capacity, ``dropped_by_expert`` [layer][expert]
+    those by the expert they chose, ``routed_tokens`` choices made."""
 
     def on_build(self, run, built, config) -> None:
         self.layers = moe_layers(built)
@@ -24,7 +25,8 @@ class ExpertObserver:
     def after_step(self, run, built, step: int, meter) -> dict:
         load = [layer.stats["load"].tolist() for layer in self.layers]
         dropped = [int(layer.stats["dropped"]) for layer in self.layers]
-        return {"expert_load": load, "dropped_tokens": dropped,
+        over = [layer.stats["dropped_by_expert"].tolist() for layer in self.layers]
+        return {"expert_load": load, "dropped_tokens": dropped, "dropped_by_expert": over,
                 "routed_tokens": [sum(row) + d for row, d in zip(load, dropped, strict=True)]}
 
 
@@ -39,3 +41,10 @@ def dropped_tokens(report) -> list[int]:
     """Per step: choices dropped over capacity, all layers and ranks."""
     return [sum(sum(r["records"][step]["dropped_tokens"]) for r in report.ranks)
             for step in range(report.steps)]
+
+
+def dropped_by_expert(report) -> list[list[int]]:
+    """[layer][expert]: choices over the expert's capacity, all steps and ranks."""
+    rows = [rec["dropped_by_expert"] for r in report.ranks for rec in r["records"]]
+    return [[sum(row[layer][e] for row in rows) for e in range(len(rows[0][layer]))]
+            for layer in range(len(rows[0]))]

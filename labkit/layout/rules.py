@@ -3,6 +3,7 @@ and the batch. Each error says what to change."""
 
 from __future__ import annotations
 
+from labkit.context_parallel.engine import resolve_engine
 from labkit.layout.layout import Layout
 from labkit.models import plan_for
 
@@ -21,6 +22,7 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
     plan.check_tp(config.model, layout.tp)
     if layout.cp > 1:
         _check_cp(config, layout, plan)
+        resolve_engine(config.cp_engine, device)  # "torch" on CPU ranks is refused here
         if device == "cuda" and backend != "nccl":
             raise ValueError("ring attention sends key/value blocks point to point, which gloo "
                              "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "

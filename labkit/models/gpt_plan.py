@@ -63,10 +63,12 @@ class GPTPlan(ParallelPlan):
                              f"work is even): seq_len {config.seq_len} must be a multiple of "
                              f"{2 * degree}")
 
-    def apply_cp(self, model: nn.Module, group, rank: int, degree: int) -> None:
-        for block in model.blocks:
-            block.attn.attention = ring_attention_for(group)
-        global_positions(model.pos, rank, degree)
+    def apply_cp(self, model: nn.Module, group, rank: int, degree: int,
+                 engine: str = "ring") -> None:
+        if engine == "ring":  # "torch": SDPA stays, context_parallel swaps it in each step
+            for block in model.blocks:
+                block.attn.attention = ring_attention_for(group)
+        global_positions(model.pos, rank, degree)  # both engines: head-tail positions
 
     def layers(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [("", GPTEmbedding(model)),

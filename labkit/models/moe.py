@@ -151,7 +151,9 @@ class MoE(nn.Module):
         picked = out.reshape(-1, d_model)[where] * weight
         y = flat.new_zeros(batch * seq, d_model).index_add(0, tokens.flatten(), picked)
         load = (F.one_hot(expert, config.n_experts) * kept.unsqueeze(-1)).sum((0, 1, 2))
-        self.stats = {"load": load.detach(), "dropped": (~kept).sum().detach()}
+        over = (F.one_hot(expert, config.n_experts) * (~kept).unsqueeze(-1)).sum((0, 1, 2))
+        self.stats = {"load": load.detach(), "dropped": (~kept).sum().detach(),
+                      "dropped_by_expert": over.detach()}  # (n_experts,) choices over capacity
         if self.training and config.aux_loss_weight and torch.is_grad_enabled():
             y = _AttachAux.apply(y, balance_loss(probs, expert), config.aux_loss_weight)
         return y.view(batch, seq, d_model)

@@ -62,8 +62,11 @@ class ParallelPlan:
         """Submodules of ``module`` that FSDP gathers and frees as one unit each."""
         return []
 
-    def apply_cp(self, model: nn.Module, group, rank: int, degree: int) -> None:
-        """Context parallelism on the whole model: its attention over the cp group."""
+    def apply_cp(self, model: nn.Module, group, rank: int, degree: int,
+                 engine: str = "ring") -> None:
+        """Context parallelism on the whole model: its attention over the cp group (with
+        ``engine`` "torch", PyTorch's ``context_parallel`` swaps attention during each step:
+        the model keeps ``F.scaled_dot_product_attention``)."""
         raise NotImplementedError
 
     def checkpoint_units(self, module: nn.Module) -> list[nn.Module]:

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from labkit.context_parallel.engine import ENGINES as CP_ENGINES
 from labkit.layout.layout import Layout
 from labkit.layout.presets import STRATEGIES
 from labkit.models import MLPConfig, ModelConfig, config_for, fields
@@ -52,6 +53,10 @@ class TrainConfig:
             saves after the last step only. Needs ``checkpoint_dir``.
         checkpoint_async: save with ``dcp.async_save``: training goes on while a
             background thread writes the checkpoint (it is committed before the next save).
+        cp_engine: what runs context parallelism (``labkit/context_parallel/engine.py``):
+            "auto" (PyTorch's ``context_parallel`` on CUDA ranks, labkit's ring on CPU,
+            where torch 2.13's refuses), "torch" (CUDA only) or "ring" (labkit's ring
+            everywhere). The report's ``extra["cp_engine"]`` says which ran.
     """
 
     model: ModelConfig = field(default_factory=MLPConfig)
@@ -71,6 +76,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     checkpoint_async: bool = False
+    cp_engine: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -125,6 +131,7 @@ def _check_fields(config: TrainConfig) -> None:
     fields.whole(config, "grad_accumulation")
     fields.flag(config, "activation_checkpointing")
     _check_checkpoint_fields(config)
+    fields.one_of(config, "cp_engine", CP_ENGINES)
 
 
 def _check_checkpoint_fields(config: TrainConfig) -> None:

@@ -13,12 +13,14 @@ An observer has three calls, all outside the step's timing and its meter:
 from __future__ import annotations
 
 import gc
+from contextlib import nullcontext
 
 from labkit.build import ParallelContext, build, full_weights, parallel_context
 from labkit.checkpoint.session import Checkpointer
 from labkit.comm.intercept import CollectiveMeter
 from labkit.comm.meter import CommMeter, union_seconds
 from labkit.context_parallel.apply import shard_batch
+from labkit.context_parallel.engine import LABELS, engine_on, torch_context_parallel
 from labkit.embedding_parallel.observe import TableObserver
 from labkit.expert_parallel.observe import ExpertObserver
 from labkit.layout.presets import layout_for
@@ -71,10 +73,12 @@ def _record(built, timing: dict, meter: CommMeter, tracked: bool) -> StepRecord:
 
 def _one_step(run: ParallelContext, config, built, observers, step: int,
               tracked: bool) -> StepRecord:
+    torch_cp = run.layout.cp > 1 and engine_on(config.cp_engine, run.device.type) == "torch"
     with on_host():  # making data is the host's job; the device holds its own copy
         batch = make_batch(config.model, step, config.global_batch, config.seed)
         batch = local_slice(batch, run.data_rank, run.layout.data_size)
-        batch = shard_batch(batch, run.coordinate("cp"), run.layout.cp)  # cp: its tokens
+        if not torch_cp:  # labkit's ring: its tokens; torch's engine shards them itself
+            batch = shard_batch(batch, run.coordinate("cp"), run.layout.cp)
     batch = to_device(batch, run.device, copy=True)
 
     def sync_gradients() -> None:
@@ -85,7 +89,8 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
 
     meter = CommMeter(run.clock, run.labels)
     run.clock.start()
-    with CollectiveMeter(meter):  # settles on leaving: the step's traffic is all in
+    cp_step = torch_context_parallel(run.submesh("cp"), batch) if torch_cp else nullcontext()
+    with CollectiveMeter(meter), cp_step:  # the meter settles on leaving: all traffic in
         if built.pipeline is not None:
             timing = pipeline_step(built.pipeline, batch, built.optimizer, run.clock,
                                    sync_gradients)
@@ -146,6 +151,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
     if saver is not None:
         out["resumed_at"], out["resumed_from"] = start, saver.resumed_from
+    if layout.cp > 1:  # which engine ran the cp attention (the report's extra["cp_engine"])
+        out["cp_engine"] = LABELS[engine_on(config.cp_engine, run.device.type)]
     if config.return_weights:
         out["weights"] = full_weights(built.parts, built.names, config, layout.tp)
     return out

@@ -26,3 +26,6 @@ __all__ += ["lever_picker"]
 from labkit.widgets.overlap import bucket_explorer  # noqa: E402
 
 __all__ += ["bucket_explorer"]
+from labkit.widgets.capacity import capacity_slider  # noqa: E402
+
+__all__ += ["capacity_slider"]

@@ -42,7 +42,7 @@ class SequenceExplorer:
                         "requested": oom.requested_bytes}
         memory = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])["memory"]
         return {"oom": False, "breakdown": memory["at_peak"], "peak": memory["peak_bytes"],
-                "losses": report.losses}
+                "losses": report.losses, "engine": report.extra.get("cp_engine")}
 
     def result(self, seq: int) -> dict:
         if seq not in self._cache:

@@ -1,0 +1,117 @@
+"""Which engine runs context parallelism (labkit/context_parallel/engine.py): the choice,
+its refusal before any rank starts; PyTorch's engine on CPU (refused by
+torch 2.13: asserted, so a torch that lifts it is noticed), PyTorch's ring algorithm run on
+CPU with the CPU attention kernel against labkit's ring on labkit's shards, and (gpu marker)
+training with PyTorch's ``context_parallel`` against labkit's ring and one device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import labkit
+from labkit.context_parallel import positions, ring_attention, shard_sequence
+from labkit.context_parallel.engine import CPU_REFUSAL, engine_on, resolve_engine
+from labkit.layout import Layout, check_run
+from labkit.models import GPTConfig
+from tests.conftest import assert_trains_as
+
+GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
+SGD = dict(global_batch=4, steps=3, optimizer="sgd", lr=0.1, return_weights=True)
+
+
+def test_auto_is_torch_on_cuda_and_the_ring_on_cpu():
+    assert resolve_engine("auto", "cuda") == "torch" and resolve_engine("auto", "cpu") == "ring"
+    assert resolve_engine("ring", "cuda") == "ring" and resolve_engine("torch", "cuda") == "torch"
+    with pytest.raises(ValueError, match="CUDA ranks only.*has no sharding strategy"):
+        resolve_engine("torch", "cpu")
+    # on a rank (checked before it started): the estimator's fake CPU ranks trace the ring
+    assert [engine_on(c, "cpu") for c in ("auto", "torch", "ring")] == ["ring"] * 3
+    assert [engine_on(c, "cuda") for c in ("auto", "torch", "ring")] == ["torch", "torch", "ring"]
+
+
+def test_the_engine_option_is_checked_before_any_rank_starts():
+    with pytest.raises(ValueError, match="cp_engine .* must be one of auto, ring, torch"):
+        labkit.TrainConfig(model=GPT, cp_engine="flash")
+    config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4, cp_engine="torch")
+    with pytest.raises(ValueError, match="cp_engine='torch' runs on CUDA ranks only"):
+        check_run(config, config.layout, 2, "cpu", "gloo")
+    check_run(config, config.layout, 2, "cuda", "nccl")  # accepted where it runs
+    assert labkit.TrainConfig.from_dict(config.to_dict()).cp_engine == "torch"
+
+
+def test_torch_head_tail_shards_are_labkits():
+    """The tokens torch's default load balancer gives each rank are those labkit's
+    ``sharding.py`` gives it, in the same order (so either engine reads the same batch)."""
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _HeadTailLoadBalancer,
+    )
+
+    for cp, seq in ((2, 16), (4, 32), (3, 24)):
+        order = _HeadTailLoadBalancer(seq, cp, "cpu")._generate_indices()[0]
+        theirs = order.view(cp, -1)  # torch then cuts the reordered sequence evenly
+        for rank in range(cp):
+            assert torch.equal(theirs[rank].long(), positions(rank, cp, seq)), (cp, rank)
+
+
+def _torch_engine_on_cpu(ctx):
+    """PyTorch's public engine on this CPU rank: the error it raises."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except NotImplementedError as error:
+        return str(error)
+    return "ran"
+
+
+def _torch_ring_on_cpu(ctx, seq_len: int = 32):
+    """Max |torch's ring - labkit's ring| on this rank's labkit shards: torch's
+    ``_templated_ring_attention`` (what ``context_parallel`` runs on GPUs, load balanced,
+    keys and values rotated to the next rank) driven by the CPU attention kernel."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (shard_sequence(torch.randn(2, 4, seq_len, 8, generator=gen), ctx.rank,
+                              ctx.world_size, dim=2) for _ in range(3))
+    saved = cp._cp_options.enable_load_balance, cp._cp_options.rotate_method
+    cp._cp_options.enable_load_balance, cp._cp_options.rotate_method = (
+        True, cp._RotateMethod.ALL_TO_ALL)
+    try:
+        theirs, _ = cp._templated_ring_attention(
+            dist.group.WORLD, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+            q, k, v, is_causal=True)
+    finally:
+        cp._cp_options.enable_load_balance, cp._cp_options.rotate_method = saved
+    return (theirs - ring_attention(q, k, v)).abs().max().item()
+
+
+def test_torch_engine_refuses_cpu_attention_and_its_ring_equals_ours(two):
+    """Why the ring runs on CPU: measured, not assumed. Then the algorithm torch's engine
+    runs, on CPU through its own ring function, equals labkit's ring on labkit's shards."""
+    for message in two.run(_torch_engine_on_cpu):
+        assert "_scaled_dot_product_flash_attention_for_cpu" in message, message
+        assert "does not have a sharding strategy" in message, message
+    assert "_flash_attention_for_cpu" in CPU_REFUSAL
+    assert max(two.run(_torch_ring_on_cpu)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (each cp rank "
+                    "its own GPU, NCCL: ranks sharing one GPU talk over gloo)")
+def test_torch_context_parallel_trains_as_the_ring_and_one_device():
+    with labkit.Cluster(2, device="cuda", progress=False) as cluster:
+        with cluster.resized(1):
+            one = labkit.train(cluster, model=GPT, **SGD)
+        runs = {engine: labkit.train(cluster, model=GPT, layout=Layout(cp=2), cp_engine=engine,
+                                     **SGD) for engine in ("auto", "ring")}
+    assert runs["auto"].extra["cp_engine"] == "torch context_parallel"
+    assert runs["ring"].extra["cp_engine"] == "labkit ring"
+    assert_trains_as(runs["ring"], runs["auto"])
+    assert_trains_as(one, runs["auto"])
