@@ -205,7 +205,8 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
     peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
     compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
-               + cluster.op_overhead_s * _ops(model_config, layout, lever))
+               + (cluster.op_overhead_s * _ops(model_config, layout, lever)
+                  if cluster.op_overhead_s else 0.0))  # counting ops traces the model
     busy, links = {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
