@@ -22,7 +22,7 @@ class RunProgress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc=desc or "run", unit="step", leave=True)
-        if desc:
+        if desc and (rank == 0 or not self._bar.desc):  # one rank's text: no flicker
             self._bar.set_description(desc, refresh=False)
         self._bar.total = total
         slowest = min(self._done)

@@ -89,7 +89,8 @@ class KillSwitch:
         if self.killed is None and rank == self.rank and done == self.at_step:
             self.kill(rank)  # nobody clicked in time: the planned failure
         phase = "recovering" if self.killed else "training"
-        loss = f", loss {self.losses[done]:.4f}" if rank == 0 and done in self.losses else ""
+        loss = (f", rank 0's loss {self.losses[done]:.4f}" if rank == 0 and done in self.losses
+                else "")
         if rank == 0:
             self._say(f"{phase}: step {done}/{total}{loss}", progress=(done, total))
 
@@ -97,6 +98,8 @@ class KillSwitch:
     def _run(self) -> None:
         import labkit
 
+        bar = self.cluster.progress
+        self.cluster.progress = bar and self.box is None  # the widget has its own bar
         try:
             with self.cluster.listening(self._on_progress):
                 try:
@@ -117,6 +120,8 @@ class KillSwitch:
         except BaseException as exc:  # noqa: BLE001 - shown in the widget, raised by result()
             self.error = exc
             self._say(f"<span style='color:firebrick'>{type(exc).__name__}: {exc}</span>")
+        finally:
+            self.cluster.progress = bar
 
     def _finish(self) -> None:
         from labkit.plots.checkpoint import plot_recovery
