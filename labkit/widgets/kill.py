@@ -72,11 +72,18 @@ class KillSwitch:
     def kill(self, rank: int) -> bool:
         """SIGKILL rank ``rank``'s process now (once per run); False if too late or done."""
         with self._kill_lock:
-            if self.killed is not None or self.recovery is not None:
-                return False
+            if self.killed is not None or self.recovery is not None or not self.steps_seen:
+                return False  # one kill per run, once it trains (before: the old ranks)
+            if not 0 <= rank < self.cluster.world_size:
+                raise ValueError(f"rank must be in 0..{self.cluster.world_size - 1}, got {rank}")
             pid = self.cluster.ranks[rank].get("pid")
+            if pid is None:  # still starting: nothing to kill yet
+                return False
+            try:
+                os.kill(pid, signal.SIGKILL)  # no goodbye, as when a GPU falls off the bus
+            except ProcessLookupError:  # already gone: the run is failing anyway
+                return False
             self.killed = (rank, self.steps_seen.get(rank, 0))
-            os.kill(pid, signal.SIGKILL)  # no goodbye, as when a GPU falls off the bus
         self._say(f"<b>rank {rank} killed</b> after {self.killed[1]} steps; the others wait "
                   "in their next collective until the cluster notices")
         return True
@@ -159,8 +166,8 @@ class KillSwitch:
         self.box.status.value = html_text
         if progress is not None:
             self.box.bar.max, self.box.bar.value = progress[1], progress[0]
-        if self.killed is not None or self.recovery is not None:
-            self.box.button.disabled = True
+        self.box.button.disabled = (self.killed is not None or self.recovery is not None
+                                    or not self.steps_seen)
 
     def build_box(self):
         import ipywidgets as widgets
@@ -169,6 +176,7 @@ class KillSwitch:
                                  description="rank")
         button = widgets.Button(description="kill rank", button_style="danger", icon="skull")
         button.on_click(lambda _: self.kill(ranks.value))
+        button.disabled = True  # until the run reports its first step
         bar = widgets.IntProgress(value=0, max=self.config.steps, description="step")
         self.box = widgets.VBox([widgets.HBox([ranks, button, bar]), widgets.HTML(),
                                  widgets.Output()])
