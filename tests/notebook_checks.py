@@ -225,6 +225,10 @@ def check_10(results: dict) -> None:
     assert results["fewer_gap"] < 1e-4  # resharded onto fewer ranks: float rounding only
     assert results["save_s"] > 0 and results["step_s"] > 0 and results["young_daly_steps"] >= 1
     assert results["check"]["status"] == "passed"
+    assert results["failed_after"] == at  # killed by the widget's kill() at the planned step
+    projected = results["projected"]  # labkit.checkpoint.project: never measured
+    assert all(0 < row["overhead"] < 0.5 and row["interval_s"] > row["save_s"] > 0
+               for row in projected.values()), projected
 
 
 def check_09(results: dict) -> None:

@@ -20,22 +20,29 @@ import labkit
 from labkit.checkpoint.lock import CheckpointLock
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-# One of each code path on 2 ranks: DDP, ZeRO-1's optimizer, FSDP2, DTensor TP, a pipeline.
-STRATEGIES = ["ddp", "zero1", "fsdp", "tp", "gpipe"]
-CHECKPOINTED = ["fsdp", "gpipe", "zero1"]  # sharded, split into stages, ZeRO-1's state
+# Every strategy of labkit.layout.presets on 2 ranks, in launches that start torch once each:
+# the MLP's (micro-batches 2: the pipeline schedules), the tables' (DLRM), "single" (1 rank),
+# and "naive_pipeline" (one whole batch at a time) in the two-node test below.
+STRATEGIES = ["naive_dp", "ddp", "zero1", "fsdp", "tp", "gpipe", "1f1b", "interleaved_1f1b"]
+TABLES = ["table_wise", "row_wise", "row_wise_dtensor"]
+CHECKPOINTED = ["gpipe", "zero1"]  # stages, ZeRO-1's state (FSDP: test_checkpoint.py)
 
 
-def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = ()) -> str:
+def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = (), model: str = "mlp",
+              procs: int = 2) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", *launcher, "-m", "labkit", "train",
-         "--model", "mlp", "--global-batch", "16", *args], cwd=cwd, capture_output=True,
+        [TORCHRUN, "--standalone", "--nproc-per-node", str(procs), *launcher, "-m", "labkit",
+         "train", "--model", model, "--global-batch", "16", *args], cwd=cwd, capture_output=True,
         text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
 
 def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
+    from labkit.layout.presets import STRATEGIES as EVERY
+
+    assert sorted([*STRATEGIES, *TABLES, "single", "naive_pipeline"]) == sorted(EVERY)
     _torchrun(tmp_path, "--strategy", *STRATEGIES, "--steps", "2", "--micro-batches", "2",
               "--out", str(tmp_path / "run.json"))
     first = {}
@@ -49,9 +56,22 @@ def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
     assert max(first.values()) - min(first.values()) < 1e-5, first
 
 
+def test_the_table_strategies_and_single_run_under_torchrun(tmp_path):
+    """The embedding-table strategies (a DLRM, 2 ranks, one launch) and "single" (1 rank)."""
+    _torchrun(tmp_path, "--params", "2e5", "--strategy", *TABLES, "--steps", "2", "--out",
+              str(tmp_path / "t.json"), model="dlrm")
+    _torchrun(tmp_path, "--strategy", "single", "--steps", "2", "--out",
+              str(tmp_path / "s.json"), procs=1)
+    for path, strategy, ranks in [(f"t.{name}.json", name, 2) for name in TABLES] + [
+            ("s.json", "single", 1)]:
+        report = labkit.TrainReport.load(tmp_path / path)
+        assert report.config.strategy == strategy and report.world_size == ranks
+        assert report.steps == 2 and all(math.isfinite(loss) for loss in report.losses)
+
+
 def test_a_torchrun_run_resumes_from_its_checkpoint(tmp_path):
-    """FSDP, a pipeline and ZeRO-1 in one launch, each into a folder of its own; a second
-    launch resumes all three; a third, while another run holds a folder, is refused."""
+    """A pipeline and ZeRO-1 in one launch, each into a folder of its own; a second
+    launch resumes both; a third, while another run holds a folder, is refused."""
     ckpt = tmp_path / "ckpt"
     common = ("--strategy", *CHECKPOINTED, "--micro-batches", "2", "--checkpoint-dir",
               str(ckpt), "--checkpoint-every", "1")
@@ -124,7 +144,7 @@ def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
     command = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m",
                "labkit", "train", "--model", "mlp", "--global-batch", "16", "--strategy",
-               "fsdp", "--steps", "2", "--out", str(tmp_path / "r.json")]
+               "fsdp", "naive_pipeline", "--steps", "2", "--out", str(tmp_path / "r.json")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -134,9 +154,10 @@ def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
         for node in nodes:
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
-    report = labkit.TrainReport.load(tmp_path / "r.json")
-    assert report.world_size == 2 and report.steps == 2
-    assert all(math.isfinite(loss) for loss in report.losses)
+    for strategy in ("fsdp", "naive_pipeline"):  # a pipeline's stages on two "nodes"
+        report = labkit.TrainReport.load(tmp_path / f"r.{strategy}.json")
+        assert report.world_size == 2 and report.steps == 2
+        assert all(math.isfinite(loss) for loss in report.losses)
 
 
 def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(tmp_path):

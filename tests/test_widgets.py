@@ -66,3 +66,45 @@ def test_controls_are_shared_and_labelled():
     assert controls.memory_cap_slider([2**20, 2**30]).options[1][0] == "1 GiB"
     assert controls.strategy_picker().value == "ddp"
     assert controls.micro_batches_slider().options == (1, 2, 4, 8)
+
+
+def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_path):
+    """Notebook 10's kill button: the run trains in a background thread (the kernel stays
+    free); a click SIGKILLs the chosen rank's process; the run resumes from the last
+    checkpoint with the uninterrupted run's losses. Headless, rank 1 is killed by the same
+    ``kill`` after ``at_step`` steps. Afterwards: no process but the cluster's own."""
+    import time
+
+    from labkit.models import MLPConfig
+    from labkit.widgets.kill import kill_switch
+    from tests.conftest import descendants
+
+    config = labkit.TrainConfig(model=MLPConfig(d_hidden=32, n_layers=2), strategy="fsdp",
+                                global_batch=16, steps=6)
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        reference = labkit.train(cluster, config, estimate=False)
+        def saved(name):
+            return config.replace(checkpoint_dir=str(tmp_path / name), checkpoint_every=2)
+
+        headless = kill_switch(cluster, saved("a"),
+                               reference, rank=1, at_step=3, interactive=False)
+        recovery = headless.result()
+        assert "rank 1" in recovery.error and "SIGKILL" in recovery.error
+        assert (recovery.failed_after, recovery.resumed_at, recovery.lost_steps) == (3, 2, 1)
+        assert recovery.report.losses == reference.losses and headless.figure is not None
+        last = recovery.report.ranks[0]["records"][-1]["loss"]
+        assert headless.losses[6] == float(f"{last:.6g}")  # shown live, from rank 0
+
+        clicked = kill_switch(cluster, saved("b"), reference, rank=1, at_step=5, pace_s=0.3)
+        deadline = time.monotonic() + 60
+        while clicked.steps_seen.get(0, 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the kernel is free while the run goes on
+        clicked.box.ranks.value = 0
+        clicked.box.button.click()
+        recovery = clicked.result(timeout=120)
+        assert recovery.rank == 0 and "rank 0" in recovery.error and recovery.failed_after < 5
+        assert recovery.report.losses == reference.losses
+        assert clicked.box.button.disabled and clicked.box.plot.outputs
+        assert "run complete" in clicked.box.status.value
+        ranks = {r["pid"] for r in cluster.ranks}
+        assert descendants() == ranks | {cluster._procs.zygote.pid}  # no orphan

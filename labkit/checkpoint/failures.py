@@ -67,11 +67,8 @@ def _fail_on_rank(ctx, config_dict: dict, rank: int, at_step: int, how: str) -> 
         ctx.__dict__.pop("progress", None)
 
 
-def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
-              hang_timeout: float = 20.0) -> str:
-    """Train ``config`` (resuming from its checkpoints) with rank ``rank`` failing after
-    ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
-    timeout when ``how="hang"`` (longer than the steps before the failure take)."""
+def check_failure(cluster, config, rank: int, at_step: int, how: str) -> None:
+    """Refuse a planted failure that cannot happen, before anything runs."""
     if config.checkpoint_dir is None:
         raise ValueError("a planted failure needs a config with a checkpoint_dir to resume from")
     if how not in HOWS:
@@ -79,6 +76,14 @@ def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
     if not 0 <= rank < cluster.world_size or not 1 <= at_step < config.steps:
         raise ValueError(f"rank must be in 0..{cluster.world_size - 1} and at_step in "
                          f"1..{config.steps - 1}, got rank={rank}, at_step={at_step}")
+
+
+def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
+              hang_timeout: float = 20.0) -> str:
+    """Train ``config`` (resuming from its checkpoints) with rank ``rank`` failing after
+    ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
+    timeout when ``how="hang"`` (longer than the steps before the failure take)."""
+    check_failure(cluster, config, rank, at_step, how)
     timeout = hang_timeout if how == "hang" else None
     try:
         with CheckpointLock(config.checkpoint_dir):

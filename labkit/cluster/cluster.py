@@ -82,6 +82,7 @@ class Cluster:
         self._job_id = 0
         self._warned_oversubscribed = False
         self._busy = threading.Lock()  # one run at a time (cells and widget threads share it)
+        self._listener = None  # see listening()
         self._set_world_size(world_size)
         self._start(time.monotonic() + self.start_timeout)
 
@@ -192,6 +193,16 @@ class Cluster:
             if not self.closed and self.world_size != original:
                 self.resize(original)
 
+    @contextlib.contextmanager
+    def listening(self, listener):
+        """``with cluster.listening(f):`` each progress report of a run calls
+        ``f(rank, done, total, desc)`` in the thread that runs it (a widget's live view)."""
+        previous, self._listener = self._listener, listener
+        try:
+            yield self
+        finally:
+            self._listener = previous
+
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards. From
         another thread, a run in progress ends with ClusterError."""
@@ -267,7 +278,8 @@ class Cluster:
                 deadline += time.monotonic() - started
             self._job_id += 1
             self._send(pickle.dumps(("run", self._job_id, payload, self._options())))
-            progress = RunProgress(self.world_size, enabled=self.progress)
+            progress = RunProgress(self.world_size, enabled=self.progress,
+                                   listener=self._listener)
             try:
                 blobs = collect(self._procs, self._job_id, self.world_size, deadline, timeout,
                                 progress)

@@ -6,12 +6,15 @@ from __future__ import annotations
 class RunProgress:
     """Tracks each rank's reported progress and shows the slowest rank's."""
 
-    def __init__(self, world_size: int, enabled: bool = True):
+    def __init__(self, world_size: int, enabled: bool = True, listener=None):
         self._done = [0] * world_size
+        self._listener = listener  # listener(rank, done, total, desc): a widget's live view
         self._enabled = enabled
         self._bar = None
 
     def update(self, rank: int, done: int, total: int, desc: str) -> None:
+        if self._listener is not None:
+            self._listener(rank, done, total, desc)
         if not self._enabled:
             return
         self._done[rank] = done
@@ -19,7 +22,7 @@ class RunProgress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc=desc or "run", unit="step", leave=True)
-        if desc:
+        if desc and (rank == 0 or not self._bar.desc):  # one rank's text: no flicker
             self._bar.set_description(desc, refresh=False)
         self._bar.total = total
         slowest = min(self._done)

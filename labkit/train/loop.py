@@ -102,7 +102,9 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     record = _record(built, timing, meter, tracked)
     for observer in observers:
         record.extras.update(observer.after_step(run, built, step, meter))
-    run.report(step + 1, config.steps, f"{config.label} x{run.world_size}")
+    # rank 0's loss (of its slice of the batch) in the live progress text
+    loss = f", rank 0 loss {record.loss:.6g}" if run.rank == 0 and record.loss is not None else ""
+    run.report(step + 1, config.steps, f"{config.label} x{run.world_size}{loss}")
     return record
 
 
