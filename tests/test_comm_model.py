@@ -49,13 +49,14 @@ def test_sweeps_refuse_bad_requests_before_running(one):
 
 def test_the_fit_predicts_held_out_sizes_within_25_percent(two):
     """Every collective labkit teaches, timed at sizes 2x apart from 1 KiB (all latency) to
-    1 MiB (mostly bandwidth), 100 interleaved rounds; each model is fitted on every other size
+    1 MiB (mostly bandwidth), 150 interleaved rounds; each model is fitted on every other size
     (both ends included) and must predict each size in between, which it never saw, within
-    25% of what was measured. ~10 s on a 2-core machine loaded by other test runs (load 7-12:
-    worst held-out error 10-14% over repeated runs)."""
+    25% of what was measured. 17-21 s on a 2-core machine loaded by other test runs (load
+    20-38: worst held-out error 9.5-13% in 5 runs out of 5; with 100 rounds one run in six
+    reached 27% at load 17)."""
     sizes = [KIB << k for k in range(11)]
     fitted, held_out = sizes[::2], sizes[1::2]
-    sweep = time_collectives(two, KINDS, sizes, repeats=100)
+    sweep = time_collectives(two, KINDS, sizes, repeats=150)
     assert set(sweep.timings) == set(KINDS)
     errors = {}
     for kind, timings in sweep.timings.items():
