@@ -1,7 +1,7 @@
 """Benchmark: how well the alpha-beta model predicts collectives at sizes it was not fitted on.
 
     python bench/comm_model.py          # sizes 1 KiB to 16 MiB, 2x apart, 100 rounds
-    python bench/comm_model.py --quick  # 1 KiB to 1 MiB (about 15 seconds on a loaded machine)
+    python bench/comm_model.py --quick  # 1 KiB to 1 MiB only, about 15 seconds under load
 
 On one 2-rank cluster (CPU ranks: gloo over loopback; GPUs: NCCL), every collective labkit
 teaches (``labkit.comm.KINDS``) is timed at each size in interleaved rounds
@@ -41,7 +41,8 @@ def held_out_errors(sweep, kind: str, sizes: list[int]) -> tuple[object, list[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 KiB to 1 MiB only")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 KiB to 1 MiB only, about 15 seconds under load")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=100)
     args = parser.parse_args()
