@@ -42,6 +42,13 @@ def check_01(results: dict) -> None:
     fits = [c["fits"] for c in results["boundary"]["cells"]]
     assert any(fits) and not all(fits)
     assert results["losses"][-1] < results["losses"][0]
+    maps = {m["lever"]: m["cells"] for m in results["lever_boundaries"]}  # plain first
+    assert list(maps)[0] == "plain" and len(maps) >= 2
+    for lever, cells in list(maps.items())[1:]:  # plain's cells are the boundary's above
+        trained = [c for c in cells if c["measured_fits"] is not None]
+        assert trained, lever  # each lever's boundary is confirmed by real runs
+        assert all(c["measured_fits"] == c["predicted_fits"] for c in trained), lever
+        assert sum(c["predicted_fits"] for c in cells) >= sum(fits), lever  # never fewer
 
 
 def check_02(results: dict) -> None:
@@ -251,7 +258,8 @@ NOTEBOOKS = {
     "00_your_cluster": ({"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
                         check_00),
     "01_the_memory_wall": ({"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
-                            "boundary_world_sizes": [1, 2], "interactive": False}, check_01),
+                            "boundary_world_sizes": [1, 2], "boundary_levers": ["bf16"],
+                            "interactive": False}, check_01),
     "02_data_parallel": ({"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
                           "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
                           "comm_sizes_kib": [16, 256, 4096],

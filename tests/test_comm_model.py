@@ -47,19 +47,28 @@ def test_sweeps_refuse_bad_requests_before_running(one):
         time_collectives(one, ["all_reduce", "gossip"], [1024])
 
 
-def test_every_collective_is_timed_and_its_fit_grows_with_size(two):
-    """Every collective is timed at every size, and its fitted model is a real latency plus
-    a real bandwidth. How well it predicts held-out sizes is a speed claim, measured side by
-    side in a bench, not here: on a shared 2-core machine one size can take 4x its
-    neighbour."""
-    sizes = [256 * KIB, 1024 * KIB, 4096 * KIB]
-    sweep = time_collectives(two, KINDS, sizes, repeats=5)
+def test_the_fit_predicts_held_out_sizes_within_25_percent(two):
+    """Every collective labkit teaches, timed at sizes 2x apart from 1 KiB (all latency) to
+    1 MiB (mostly bandwidth), 150 interleaved rounds; each model is fitted on every other size
+    (both ends included) and must predict each size in between, which it never saw, within
+    25% of what was measured. 17-21 s on a 2-core machine loaded by other test runs (load
+    20-38: worst held-out error 9.5-13% in 5 runs out of 5; with 100 rounds one run in six
+    reached 27% at load 17)."""
+    sizes = [KIB << k for k in range(11)]
+    fitted, held_out = sizes[::2], sizes[1::2]
+    sweep = time_collectives(two, KINDS, sizes, repeats=150)
     assert set(sweep.timings) == set(KINDS)
+    errors = {}
     for kind, timings in sweep.timings.items():
         assert len(timings.seconds) == len(sizes) and min(timings.seconds) > 0, kind
-        fit = sweep.fit(kind, sizes)
+        measured = dict(zip(timings.sizes_bytes, timings.seconds, strict=True))
+        fit = sweep.fit(kind, fitted)
         assert fit.alpha_s >= 0 and 1e6 < fit.bandwidth < 1e13, fit
         assert fit.predict(sizes[-1]) > fit.predict(sizes[0]), fit
+        errors[kind] = fit.relative_errors(held_out, [measured[s] for s in held_out])
+    worst = max(max(e) for e in errors.values())
+    print(f"worst held-out error {worst:.1%}")  # shown with pytest -s
+    assert worst <= 0.25, {k: [f"{x:.0%}" for x in e] for k, e in errors.items()}
 
 
 def test_time_all_reduce_keeps_its_bus_bandwidth(two):

@@ -160,3 +160,13 @@ def test_checkpointing_inside_pipeline_stages(two):
     assert run.losses == plain.losses
     assert run.estimate_error() < TOLERANCE
     assert max(run.peak_bytes) < 0.9 * max(plain.peak_bytes)
+
+
+def test_lever_boundaries_refuse_bad_requests_before_running(one):
+    from labkit.memory.lever_boundary import lever_boundaries
+
+    with pytest.raises(ValueError, match="unknown levers"):
+        lever_boundaries(one, levers=["turbo"])
+    other = labkit.BoundaryMap("gpt", "ddp", 32 << 20, 16)  # an empty map: not this grid
+    with pytest.raises(ValueError, match="same sizes"):
+        lever_boundaries(one, levers=["bf16"], plain=other)

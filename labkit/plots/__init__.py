@@ -39,3 +39,6 @@ from labkit.plots.levers import plot_levers  # noqa: E402
 from labkit.plots.overlap import plot_bucket_timeline  # noqa: E402
 
 __all__ += ["plot_bucket_timeline", "plot_levers"]
+from labkit.plots.lever_boundary import plot_lever_boundaries  # noqa: E402
+
+__all__ += ["plot_lever_boundaries"]
