@@ -168,5 +168,31 @@ def test_lever_boundaries_refuse_bad_requests_before_running(one):
     with pytest.raises(ValueError, match="unknown levers"):
         lever_boundaries(one, levers=["turbo"])
     other = labkit.BoundaryMap("gpt", "ddp", 32 << 20, 16)  # an empty map: not this grid
-    with pytest.raises(ValueError, match="same sizes"):
+    with pytest.raises(ValueError, match="same model, strategy, capacity"):
         lever_boundaries(one, levers=["bf16"], plain=other)
+
+
+def test_lever_boundaries_refuse_a_plain_map_of_another_run(one):
+    """The same sizes and world sizes are not enough: a plain map trained under another
+    capacity, batch, model or strategy draws the wrong plain boundary beside the levers'."""
+    from labkit.memory.boundary import BoundaryCell
+    from labkit.memory.lever_boundary import lever_boundaries
+    from labkit.models import count_parameters, sized
+
+    sizes, worlds = (2e5, 1e6), (1, 2)
+    cells = [BoundaryCell(count_parameters(sized("gpt", int(s))), n, True, 1, 1, True)
+             for s in sizes for n in worlds]
+    for fields in ({"capacity_bytes": 64 << 20}, {"global_batch": 32}, {"strategy": "fsdp"}):
+        kept = {"model": "gpt", "strategy": "ddp", "capacity_bytes": 32 << 20,
+                "global_batch": 16} | fields
+        other = labkit.BoundaryMap(**kept, cells=list(cells))
+        with pytest.raises(ValueError, match="same"):
+            lever_boundaries(one, "gpt", sizes, worlds, "32MiB", 16, levers=["bf16"],
+                             plain=other, confirm=False)
+
+
+def test_the_cells_trained_are_either_side_of_the_boundary_whatever_the_order_of_sizes():
+    from labkit.memory.lever_boundary import LeverBoundary, LeverCell, _edge
+
+    boundary = LeverBoundary("bf16", {}, [LeverCell(p, 1, p, p <= 20) for p in (10, 20, 30)])
+    assert _edge(boundary, [30, 20, 10]) == _edge(boundary, [10, 20, 30]) == [20, 30]

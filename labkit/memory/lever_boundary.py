@@ -66,6 +66,7 @@ def _confirm_cell(cluster, config: TrainConfig, cell: LeverCell, capacity: int) 
 
 def _edge(boundary: LeverBoundary, sizes: list[int]) -> list[int]:
     """On one device: the largest size predicted to fit and the next one up (if any)."""
+    sizes = sorted(sizes)  # the caller's order is the user's: any
     fitting = [p for p in sizes if boundary.cell(p, 1).predicted_fits]
     above = [p for p in sizes if not boundary.cell(p, 1).predicted_fits
              and p > max(fitting, default=0)]
@@ -90,6 +91,20 @@ def _estimated(name: str, options: dict, row: list, params: list[int], world_siz
     return boundary
 
 
+def _check_plain(plain, model: str, params: list[int], world_sizes, capacity: int,
+                 global_batch: int, strategy: str) -> None:
+    """``plain`` must be the map these levers are compared with: a plain map trained under
+    another capacity, batch, model or strategy would draw another boundary."""
+    ours = (model, strategy, capacity, global_batch, sorted(params), sorted(world_sizes))
+    theirs = (plain.model, plain.strategy, plain.capacity_bytes, plain.global_batch,
+              plain.sizes, plain.world_sizes)
+    if ours != theirs:
+        raise ValueError(f"plain must be a sweep_boundary map of the same model, strategy, "
+                         f"capacity, global batch, sizes and world sizes as these levers: it "
+                         f"has {theirs[:4]}, these levers {ours[:4]}; pass plain=None to "
+                         "estimate the plain map too")
+
+
 def lever_boundaries(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_sizes=(1, 2),
                      memory_per_device="32MiB", global_batch: int = 16, steps: int = 2,
                      levers=None, plain=None, confirm: bool = True) -> list[LeverBoundary]:
@@ -108,11 +123,10 @@ def lever_boundaries(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_s
         raise ValueError(f"unknown levers {unknown}: choose from {', '.join(LEVERS)}")
     models = [sized(model, int(float(s))) for s in sizes]
     params = [count_parameters(m) for m in models]
-    if plain is not None and (plain.sizes != sorted(params)
-                              or plain.world_sizes != sorted(world_sizes)):
-        raise ValueError("plain must be a sweep_boundary map of the same sizes and world sizes")
     base = [TrainConfig(model=m, global_batch=global_batch, steps=steps, strategy="ddp")
             for m in models]
+    if plain is not None:
+        _check_plain(plain, model, params, world_sizes, capacity, global_batch, base[0].label)
     options = {"plain": PLAIN} if plain is None else {}
     options.update({name: LEVERS[name] for name in names})
     configs = {name: [c.replace(**opts) for c in base] for name, opts in options.items()}
