@@ -76,3 +76,9 @@ def test_time_all_reduce_keeps_its_bus_bandwidth(two):
     row = timings.rows[-1]
     assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (2 - 1) / 2)
     assert timings.fit().kind == "all_reduce"
+
+
+def test_one_collective_named_as_a_string_is_that_collective(one):
+    # list("all_reduce") is ten letters: the error named 'a', 'l', ... as unknown collectives
+    with pytest.raises(ValueError, match="two ranks"):
+        time_collectives(one, "all_reduce", [1024])

@@ -196,3 +196,10 @@ def test_the_cells_trained_are_either_side_of_the_boundary_whatever_the_order_of
 
     boundary = LeverBoundary("bf16", {}, [LeverCell(p, 1, p, p <= 20) for p in (10, 20, 30)])
     assert _edge(boundary, [30, 20, 10]) == _edge(boundary, [10, 20, 30]) == [20, 30]
+
+
+def test_one_lever_named_as_a_string_is_that_lever(one):
+    from labkit.memory.lever_boundary import lever_boundaries
+
+    maps = lever_boundaries(one, sizes=(2e5,), world_sizes=(2,), levers="bf16", confirm=False)
+    assert [m.lever for m in maps] == ["plain", "bf16"]

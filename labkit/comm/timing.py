@@ -196,7 +196,8 @@ def time_collectives(cluster, kinds=KINDS, sizes_bytes=(MIB // 16, MIB // 4, MIB
     For a fit that predicts sizes it did not see within 25% on a loaded 2-core machine, use
     sizes 2x apart from the latency regime (KiB) to the bandwidth one (MiB) and ~100 rounds
     (``tests/test_comm_model.py``)."""
-    kinds, sizes = list(kinds), _check_sizes(sizes_bytes, repeats)
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)  # "all_reduce": one, not ten
+    sizes = _check_sizes(sizes_bytes, repeats)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ValueError(f"unknown collectives {unknown}: choose from {', '.join(KINDS)}")

@@ -117,6 +117,7 @@ def lever_boundaries(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_s
     map. Every configuration is checked before anything runs.
     """
     capacity = parse_bytes(memory_per_device)
+    levers = [levers] if isinstance(levers, str) else levers  # "bf16": one lever
     names = list(LEVERS) if levers is None else list(levers)
     unknown = [n for n in names if n not in LEVERS]
     if unknown:
