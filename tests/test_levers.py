@@ -203,3 +203,13 @@ def test_one_lever_named_as_a_string_is_that_lever(one):
 
     maps = lever_boundaries(one, sizes=(2e5,), world_sizes=(2,), levers="bf16", confirm=False)
     assert [m.lever for m in maps] == ["plain", "bf16"]
+
+
+def test_lever_boundaries_refuse_an_empty_grid_and_map_each_cell_once(one):
+    from labkit.memory.lever_boundary import lever_boundaries
+
+    for grid in ({"sizes": ()}, {"world_sizes": []}):  # was: empty maps, then the plot failed
+        with pytest.raises(ValueError, match="one value each at least"):
+            lever_boundaries(one, levers=["bf16"], **grid)
+    maps = lever_boundaries(one, sizes=(2e5, 2e5), world_sizes=(2, 2), levers=[], confirm=False)
+    assert len(maps[0].cells) == 1  # was 4: the same cell estimated four times

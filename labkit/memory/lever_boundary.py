@@ -122,8 +122,12 @@ def lever_boundaries(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_s
     unknown = [n for n in names if n not in LEVERS]
     if unknown:
         raise ValueError(f"unknown levers {unknown}: choose from {', '.join(LEVERS)}")
-    models = [sized(model, int(float(s))) for s in sizes]
-    params = [count_parameters(m) for m in models]
+    if not sizes or not world_sizes:
+        raise ValueError("sizes and world_sizes must name one value each at least, e.g. "
+                         "sizes=(2e5, 1e6), world_sizes=(1, 2)")
+    by_params = {count_parameters(m): m for m in (sized(model, int(float(s))) for s in sizes)}
+    params, models = list(by_params), list(by_params.values())  # sizes giving one model: once
+    world_sizes = sorted(set(world_sizes))
     base = [TrainConfig(model=m, global_batch=global_batch, steps=steps, strategy="ddp")
             for m in models]
     if plain is not None:
