@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import labkit
 
 
@@ -75,6 +77,8 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
     ``kill`` after ``at_step`` steps. Afterwards: no process but the cluster's own."""
     import time
 
+    from labkit.checkpoint import CheckpointError
+    from labkit.checkpoint.lock import CheckpointLock
     from labkit.models import MLPConfig
     from labkit.widgets.kill import kill_switch
     from tests.conftest import descendants
@@ -94,6 +98,13 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
         assert recovery.report.losses == reference.losses and headless.figure is not None
         last = recovery.report.ranks[0]["records"][-1]["loss"]
         assert headless.losses[6] == float(f"{last:.6g}")  # shown live, from rank 0
+        # Refused before any rank starts: a folder that would resume past the kill (no rank
+        # would die), and a folder another run holds (nothing written into it).
+        with pytest.raises(ValueError, match="resume past step 3 and no rank would be killed"):
+            kill_switch(cluster, saved("a"), reference, rank=1, at_step=3, interactive=False)
+        with CheckpointLock(tmp_path / "c"), pytest.raises(CheckpointError, match="in use"):
+            kill_switch(cluster, saved("c"), reference, rank=1, at_step=3, interactive=False)
+        assert [p.name for p in (tmp_path / "c").iterdir()] == ["LOCK"]
 
         clicked = kill_switch(cluster, saved("b"), reference, rank=1, at_step=5, pace_s=0.3)
         deadline = time.monotonic() + 60
