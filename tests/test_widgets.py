@@ -75,12 +75,15 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
     free); a click SIGKILLs the chosen rank's process; the run resumes from the last
     checkpoint with the uninterrupted run's losses. Headless, rank 1 is killed by the same
     ``kill`` after ``at_step`` steps. Afterwards: no process but the cluster's own."""
+    import os
+    import signal
+    import threading
     import time
 
     from labkit.checkpoint import CheckpointError
     from labkit.checkpoint.lock import CheckpointLock
     from labkit.models import MLPConfig
-    from labkit.widgets.kill import kill_switch
+    from labkit.widgets.kill import KillSwitch, kill_switch
     from tests.conftest import descendants
 
     config = labkit.TrainConfig(model=MLPConfig(d_hidden=32, n_layers=2), strategy="fsdp",
@@ -105,6 +108,18 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
         with CheckpointLock(tmp_path / "c"), pytest.raises(CheckpointError, match="in use"):
             kill_switch(cluster, saved("c"), reference, rank=1, at_step=3, interactive=False)
         assert [p.name for p in (tmp_path / "c").iterdir()] == ["LOCK"]
+        # Interrupting the kernel during a headless run stops that cell, and frees the folder.
+        interrupted = KillSwitch(cluster, saved("d"), reference, rank=1, at_step=5, pace_s=0.5)
+
+        def interrupt():
+            while not interrupted.steps_seen:
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            interrupted.start(background=False)
+        CheckpointLock(tmp_path / "d").take().release()
 
         clicked = kill_switch(cluster, saved("b"), reference, rank=1, at_step=5, pace_s=0.3)
         deadline = time.monotonic() + 60

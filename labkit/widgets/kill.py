@@ -152,6 +152,8 @@ class KillSwitch:
         self._lock = CheckpointLock(self.config.checkpoint_dir).take()
         if not background:
             self._run()
+            if isinstance(self.error, KeyboardInterrupt):
+                raise self.error  # the kernel's interrupt stops the cell, not a later one
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
