@@ -123,3 +123,9 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over(two, tmp_path):
                           estimate=False)
     assert report.steps == 2
     assert json.loads((tmp_path / "LOCK").read_text())["pid"] == os.getpid()
+
+
+def test_a_folder_that_cannot_be_made_is_a_checkpoint_error():
+    """/proc refuses a new folder to everyone (root too, whom os.access lets through)."""
+    with pytest.raises(CheckpointError, match="cannot be made or written to"):
+        CheckpointLock("/proc/labkit-checkpoints").take()
