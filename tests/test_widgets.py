@@ -70,7 +70,8 @@ def test_controls_are_shared_and_labelled():
     assert controls.micro_batches_slider().options == (1, 2, 4, 8)
 
 
-def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_path):
+def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_path,
+                                                                         monkeypatch):
     """Notebook 10's kill button: the run trains in a background thread (the kernel stays
     free); a click SIGKILLs the chosen rank's process; the run resumes from the last
     checkpoint with the uninterrupted run's losses. Headless, rank 1 is killed by the same
@@ -91,9 +92,11 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
         reference = labkit.train(cluster, config, estimate=False)
         def saved(name):
-            return config.replace(checkpoint_dir=str(tmp_path / name), checkpoint_every=2)
+            folder = name if name.startswith("~") else str(tmp_path / name)
+            return config.replace(checkpoint_dir=folder, checkpoint_every=2)
 
-        headless = kill_switch(cluster, saved("a"),
+        monkeypatch.setenv("HOME", str(tmp_path))  # "~/a": saved where the recovery looks
+        headless = kill_switch(cluster, saved("~/a"),
                                reference, rank=1, at_step=3, interactive=False)
         recovery = headless.result()
         assert "rank 1" in recovery.error and "SIGKILL" in recovery.error

@@ -21,7 +21,7 @@ import warnings
 
 from labkit.checkpoint.failures import Recovery, check_failure
 from labkit.checkpoint.lock import CheckpointLock
-from labkit.checkpoint.rules import check_checkpointing
+from labkit.checkpoint.rules import check_checkpointing, resolved
 from labkit.cluster import RankError, RanksRestartedWarning
 
 WAIT_FOR_KILL_S = 60.0  # a rank waiting to be killed gives up (an error) after this long
@@ -58,6 +58,7 @@ class KillSwitch:
     def __init__(self, cluster, config, reference=None, rank: int = 1, at_step: int = 1,
                  pace_s: float = 0.0):
         check_failure(cluster, config, rank, at_step, "kill")
+        config = resolved(config)  # "~/ckpt": where the recovery's labkit.train looks
         _check_not_resumed_past(cluster, config, at_step)
         self.cluster, self.config, self.reference = cluster, config, reference
         self.rank, self.at_step, self.pace_s = rank, at_step, pace_s
