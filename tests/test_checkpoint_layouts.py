@@ -58,10 +58,12 @@ def test_every_layout_resumes_bit_for_bit(request, tmp_path, parallel, how):
 @pytest.mark.parametrize("saved, resumed, n_saved, n_resumed", [
     ({"strategy": "interleaved_1f1b"}, {"strategy": "single"}, 2, 1),
     ({"layout": labkit.Layout(dp=2, pp=2, schedule="1f1b")}, {"strategy": "1f1b"}, 4, 2),
-    ({"strategy": "zero1"}, {"strategy": "zero1"}, 4, 2),
+    # 2 parameter tensors on 4 ranks: ranks 2 and 3 own no optimizer state
+    ({"strategy": "zero1", "model": MLPConfig(n_layers=1)},
+     {"strategy": "zero1", "model": MLPConfig(n_layers=1)}, 4, 2),
     ({"strategy": "zero1"}, {"strategy": "zero1"}, 1, 2),
     ({"strategy": "table_wise"}, {"strategy": "row_wise"}, 2, 1)],
-    ids=["interleaved2-to-single", "dp2-pp2-to-pp2", "zero1-4-to-2", "zero1-1-to-2",
+    ids=["interleaved2-to-single", "dp2-pp2-to-pp2", "zero1-4-owners-of-2-to-2", "zero1-1-to-2",
          "table_wise2-to-row_wise1"])
 def test_every_layout_reshards_to_another_rank_count(request, tmp_path, saved, resumed,
                                                       n_saved, n_resumed):
@@ -121,3 +123,9 @@ def test_a_stale_lock_of_a_dead_run_is_taken_over(two, tmp_path):
                           estimate=False)
     assert report.steps == 2
     assert json.loads((tmp_path / "LOCK").read_text())["pid"] == os.getpid()
+
+
+def test_a_folder_that_cannot_be_made_is_a_checkpoint_error():
+    """/proc refuses a new folder to everyone (root too, whom os.access lets through)."""
+    with pytest.raises(CheckpointError, match="cannot be made or written to"):
+        CheckpointLock("/proc/labkit-checkpoints").take()

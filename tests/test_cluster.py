@@ -116,6 +116,32 @@ def test_progress_is_shown_while_running(capsys):
     assert "training" in err and "20/20" in err
 
 
+def test_a_listener_hears_only_the_runs_its_own_thread_starts(two):
+    """A widget's background thread listens (notebook 10's kill button acts on what it
+    hears): a run another cell starts meanwhile must not reach it."""
+    import threading
+
+    heard, listening, leave = [], threading.Event(), threading.Event()
+
+    def widget():
+        with two.listening(lambda *report: heard.append(report)):
+            listening.set()
+            leave.wait(60)
+
+    thread = threading.Thread(target=widget)
+    thread.start()
+    listening.wait(60)
+    try:
+        two.run(lambda ctx: ctx.progress(1, 1, "another cell"))
+    finally:
+        leave.set()
+        thread.join()
+    assert heard == []
+    with two.listening(lambda *report: heard.append(report)):
+        two.run(lambda ctx: ctx.progress(1, 1, "mine"))
+    assert sorted(heard) == [(0, 1, 1, "mine"), (1, 1, 1, "mine")]
+
+
 def test_oversubscription_is_warned_and_reported():
     from labkit.cluster.hardware import physical_cores
 

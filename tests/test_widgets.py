@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import labkit
 
 
@@ -68,15 +70,21 @@ def test_controls_are_shared_and_labelled():
     assert controls.micro_batches_slider().options == (1, 2, 4, 8)
 
 
-def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_path):
+def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_path,
+                                                                         monkeypatch):
     """Notebook 10's kill button: the run trains in a background thread (the kernel stays
     free); a click SIGKILLs the chosen rank's process; the run resumes from the last
     checkpoint with the uninterrupted run's losses. Headless, rank 1 is killed by the same
     ``kill`` after ``at_step`` steps. Afterwards: no process but the cluster's own."""
+    import os
+    import signal
+    import threading
     import time
 
+    from labkit.checkpoint import CheckpointError
+    from labkit.checkpoint.lock import CheckpointLock
     from labkit.models import MLPConfig
-    from labkit.widgets.kill import kill_switch
+    from labkit.widgets.kill import KillSwitch, kill_switch
     from tests.conftest import descendants
 
     config = labkit.TrainConfig(model=MLPConfig(d_hidden=32, n_layers=2), strategy="fsdp",
@@ -84,9 +92,11 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
         reference = labkit.train(cluster, config, estimate=False)
         def saved(name):
-            return config.replace(checkpoint_dir=str(tmp_path / name), checkpoint_every=2)
+            folder = name if name.startswith("~") else str(tmp_path / name)
+            return config.replace(checkpoint_dir=folder, checkpoint_every=2)
 
-        headless = kill_switch(cluster, saved("a"),
+        monkeypatch.setenv("HOME", str(tmp_path))  # "~/a": saved where the recovery looks
+        headless = kill_switch(cluster, saved("~/a"),
                                reference, rank=1, at_step=3, interactive=False)
         recovery = headless.result()
         assert "rank 1" in recovery.error and "SIGKILL" in recovery.error
@@ -94,6 +104,25 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
         assert recovery.report.losses == reference.losses and headless.figure is not None
         last = recovery.report.ranks[0]["records"][-1]["loss"]
         assert headless.losses[6] == float(f"{last:.6g}")  # shown live, from rank 0
+        # Refused before any rank starts: a folder that would resume past the kill (no rank
+        # would die), and a folder another run holds (nothing written into it).
+        with pytest.raises(ValueError, match="resume past step 3 and no rank would be killed"):
+            kill_switch(cluster, saved("a"), reference, rank=1, at_step=3, interactive=False)
+        with CheckpointLock(tmp_path / "c"), pytest.raises(CheckpointError, match="in use"):
+            kill_switch(cluster, saved("c"), reference, rank=1, at_step=3, interactive=False)
+        assert [p.name for p in (tmp_path / "c").iterdir()] == ["LOCK"]
+        # Interrupting the kernel during a headless run stops that cell, and frees the folder.
+        interrupted = KillSwitch(cluster, saved("d"), reference, rank=1, at_step=5, pace_s=0.5)
+
+        def interrupt():
+            while not interrupted.steps_seen:
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            interrupted.start(background=False)
+        CheckpointLock(tmp_path / "d").take().release()
 
         clicked = kill_switch(cluster, saved("b"), reference, rank=1, at_step=5, pace_s=0.3)
         deadline = time.monotonic() + 60

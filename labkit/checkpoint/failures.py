@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 
 from labkit.checkpoint.lock import CheckpointLock
+from labkit.checkpoint.rules import resolved
 from labkit.cluster import RankError, RanksRestartedWarning, RunTimeout
 
 HOWS = ("kill", "raise", "hang")
@@ -84,6 +85,7 @@ def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
     ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
     timeout when ``how="hang"`` (longer than the steps before the failure take)."""
     check_failure(cluster, config, rank, at_step, how)
+    config = resolved(config)  # "~/ckpt": where labkit.train will look for it
     timeout = hang_timeout if how == "hang" else None
     try:
         with CheckpointLock(config.checkpoint_dir):

@@ -35,8 +35,13 @@ class CheckpointLock:
 
     def take(self) -> CheckpointLock:
         """Hold the folder, or raise ``CheckpointError`` saying who does."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
+        try:  # the rules' check cannot see every refusal (root, read-only or special mounts)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            file = open(self.path, "a+")  # noqa: SIM115 - held open for the whole run
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint_dir {str(self.path.parent)!r} cannot be made or "
+                                  f"written to ({exc.strerror}): give a folder you may write "
+                                  f"in") from exc
         try:
             fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

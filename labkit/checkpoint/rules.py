@@ -18,6 +18,16 @@ def check_checkpointing(config, layout) -> Found | None:
     return check_dir(config.checkpoint_dir, config.to_dict(), config.steps)
 
 
+def resolved(config):
+    """``config`` with ``checkpoint_dir`` as ``labkit.train`` hands it to the ranks: ``~``
+    expanded, absolute from this process's working folder. A run started any other way (a
+    planted failure, the kill button) must save where ``train`` will resume from."""
+    if config.checkpoint_dir is None:
+        return config
+    return config.replace(
+        checkpoint_dir=os.path.abspath(os.path.expanduser(config.checkpoint_dir)))
+
+
 def _check_can_be_a_folder(root: Path) -> None:
     """The first save makes ``root`` (and its parents): refuse now what would stop it then,
     after every step was trained (a file in its place, a folder nobody may write to)."""

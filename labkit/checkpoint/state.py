@@ -18,6 +18,7 @@ other saved and DCP reshards between them:
 * ZeRO-1: ``ZeroRedundancyOptimizer`` keeps whole state tensors for the parameters a rank
   owns; its inner optimizer's flattened state names exactly those, so each owner writes its
   own, and on another rank count each rank reads those of the parameters it owns there.
+  A rank that owns none (fewer parameter tensors than ranks) has no optimizer state at all.
 
 The RNG states are per rank (``rng.rank<r>``): they are restored when the rank count is the
 same, and left as the seed made them otherwise.
@@ -58,19 +59,24 @@ class ModelAndOptimizer(Stateful):
                 # a stage's every tensor has a model name; a whole model keeps its own
                 self.to_model[f"{i}.{name}"] = part_names[name] if part_names else name
         self.to_parts = {v: k for k, v in self.to_model.items()}
+        # ZeRO-1 on more ranks than parameter tensors: some own none (torch's helpers refuse
+        # an optimizer without state), they save and load no optimizer state
+        self.owns = any(group["params"] for group in self.optimizer.param_groups)
 
     def state_dict(self) -> dict:
         model = get_model_state_dict(self.model, options=_OPTIONS)
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_OPTIONS)
+        optimizer = (get_optimizer_state_dict(self.model, self.optimizer, options=_OPTIONS)
+                     if self.owns else {})
         return {"model": _rename(model, self.to_model),
                 "optimizer": _rename_optimizer(optimizer, self.to_model)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         set_model_state_dict(self.model, _rename(state_dict["model"], self.to_parts),
                              options=_OPTIONS)
-        set_optimizer_state_dict(self.model, self.optimizer,
-                                 _rename_optimizer(state_dict["optimizer"], self.to_parts),
-                                 options=_OPTIONS)
+        if self.owns:
+            set_optimizer_state_dict(self.model, self.optimizer,
+                                     _rename_optimizer(state_dict["optimizer"], self.to_parts),
+                                     options=_OPTIONS)
 
 
 def _rename(state: dict, names: dict[str, str]) -> dict:

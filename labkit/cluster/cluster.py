@@ -82,7 +82,7 @@ class Cluster:
         self._job_id = 0
         self._warned_oversubscribed = False
         self._busy = threading.Lock()  # one run at a time (cells and widget threads share it)
-        self._listener = None  # see listening()
+        self._listeners: dict[int, object] = {}  # thread id -> listener: see listening()
         self._set_world_size(world_size)
         self._start(time.monotonic() + self.start_timeout)
 
@@ -195,13 +195,19 @@ class Cluster:
 
     @contextlib.contextmanager
     def listening(self, listener):
-        """``with cluster.listening(f):`` each progress report of a run calls
-        ``f(rank, done, total, desc)`` in the thread that runs it (a widget's live view)."""
-        previous, self._listener = self._listener, listener
+        """``with cluster.listening(f):`` each progress report of a run this thread starts
+        calls ``f(rank, done, total, desc)`` (a widget's live view). Per thread: a widget's
+        background run never hears, nor acts on, a run another cell starts meanwhile."""
+        thread = threading.get_ident()
+        previous = self._listeners.get(thread)
+        self._listeners[thread] = listener
         try:
             yield self
         finally:
-            self._listener = previous
+            if previous is None:
+                del self._listeners[thread]
+            else:
+                self._listeners[thread] = previous
 
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards. From
@@ -279,7 +285,7 @@ class Cluster:
             self._job_id += 1
             self._send(pickle.dumps(("run", self._job_id, payload, self._options())))
             progress = RunProgress(self.world_size, enabled=self.progress,
-                                   listener=self._listener)
+                                   listener=self._listeners.get(threading.get_ident()))
             try:
                 blobs = collect(self._procs, self._job_id, self.world_size, deadline, timeout,
                                 progress)

@@ -20,6 +20,8 @@ import time
 import warnings
 
 from labkit.checkpoint.failures import Recovery, check_failure
+from labkit.checkpoint.lock import CheckpointLock
+from labkit.checkpoint.rules import check_checkpointing, resolved
 from labkit.cluster import RankError, RanksRestartedWarning
 
 WAIT_FOR_KILL_S = 60.0  # a rank waiting to be killed gives up (an error) after this long
@@ -56,6 +58,8 @@ class KillSwitch:
     def __init__(self, cluster, config, reference=None, rank: int = 1, at_step: int = 1,
                  pace_s: float = 0.0):
         check_failure(cluster, config, rank, at_step, "kill")
+        config = resolved(config)  # "~/ckpt": where the recovery's labkit.train looks
+        _check_not_resumed_past(cluster, config, at_step)
         self.cluster, self.config, self.reference = cluster, config, reference
         self.rank, self.at_step, self.pace_s = rank, at_step, pace_s
         self.steps_seen: dict[int, int] = {}  # rank -> steps it reported done
@@ -65,6 +69,7 @@ class KillSwitch:
         self.error: BaseException | None = None
         self.figure = None
         self._kill_lock = threading.Lock()
+        self._lock: CheckpointLock | None = None  # the folder, held during the first run
         self._thread: threading.Thread | None = None
         self.box = None
 
@@ -117,6 +122,8 @@ class KillSwitch:
                     if self.killed is None:
                         raise
                     error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                finally:  # the recovery's train takes the folder itself
+                    self._lock.release()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RanksRestartedWarning)  # we killed it
                     report = labkit.train(self.cluster, self.config, estimate=False)
@@ -142,8 +149,12 @@ class KillSwitch:
             show_figure(self.box.plot, self.figure)
 
     def start(self, background: bool = True) -> KillSwitch:
+        # the folder is this run's from now (CheckpointError at once if another run holds it)
+        self._lock = CheckpointLock(self.config.checkpoint_dir).take()
         if not background:
             self._run()
+            if isinstance(self.error, KeyboardInterrupt):
+                raise self.error  # the kernel's interrupt stops the cell, not a later one
             return self
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -197,6 +208,19 @@ class KillSwitch:
 
             return figure_png(self.figure)
         return None
+
+
+def _check_not_resumed_past(cluster, config, at_step: int) -> None:
+    """Before anything runs: a folder that already holds this run's checkpoint of step
+    ``at_step`` or later resumes past the kill, and no rank would die."""
+    from labkit.layout.presets import layout_for
+
+    found = check_checkpointing(config, layout_for(config, cluster.world_size))
+    if found is not None and found.step >= at_step:
+        raise ValueError(f"checkpoint_dir {str(config.checkpoint_dir)!r} already holds this "
+                         f"run's checkpoint after {found.step} steps: the run would resume "
+                         f"past step {at_step} and no rank would be killed: give a fresh "
+                         f"checkpoint_dir")
 
 
 def kill_switch(cluster, config, reference=None, rank: int = 1, at_step: int = 1,
