@@ -26,9 +26,9 @@ from labkit.cluster.collect import collect, describe, load_results
 from labkit.cluster.errors import ClusterError, RanksRestartedWarning, RunTimeout
 from labkit.cluster.launcher import choose_launcher
 from labkit.cluster.processes import Processes
-from labkit.cluster.progress import RunProgress
+from labkit.cluster.progress import Listeners, RunProgress
 from labkit.cluster.rank import RankSpec
-from labkit.cluster.runs import RunResults, seconds
+from labkit.cluster.runs import RunResults, ranks_html, seconds
 from labkit.memory import parse_bytes
 
 CLOSE_WAIT_S = 10.0  # close() waits this long for a run in another thread to let go
@@ -82,7 +82,7 @@ class Cluster:
         self._job_id = 0
         self._warned_oversubscribed = False
         self._busy = threading.Lock()  # one run at a time (cells and widget threads share it)
-        self._listeners: dict[int, object] = {}  # thread id -> listener: see listening()
+        self._listeners = Listeners()  # per thread: see listening()
         self._set_world_size(world_size)
         self._start(time.monotonic() + self.start_timeout)
 
@@ -198,16 +198,8 @@ class Cluster:
         """``with cluster.listening(f):`` each progress report of a run this thread starts
         calls ``f(rank, done, total, desc)`` (a widget's live view). Per thread: a widget's
         background run never hears, nor acts on, a run another cell starts meanwhile."""
-        thread = threading.get_ident()
-        previous = self._listeners.get(thread)
-        self._listeners[thread] = listener
-        try:
+        with self._listeners.listening(listener):
             yield self
-        finally:
-            if previous is None:
-                del self._listeners[thread]
-            else:
-                self._listeners[thread] = previous
 
     def close(self) -> None:
         """Stop every rank and the launcher. The cluster cannot be used afterwards. From
@@ -285,7 +277,7 @@ class Cluster:
             self._job_id += 1
             self._send(pickle.dumps(("run", self._job_id, payload, self._options())))
             progress = RunProgress(self.world_size, enabled=self.progress,
-                                   listener=self._listeners.get(threading.get_ident()))
+                                   listener=self._listeners.current())
             try:
                 blobs = collect(self._procs, self._job_id, self.world_size, deadline, timeout,
                                 progress)
@@ -329,10 +321,4 @@ class Cluster:
                 f"backend={self.backend!r}{note}; {state})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{r.get('rank')}</td><td>{r.get('pid', '')}</td><td>{r.get('device', '')}"
-            f"</td><td>{r.get('backend', '')}</td><td>{r.get('threads', '')}</td></tr>"
-            for r in self.ranks)
-        return (f"<b>{self!r}</b><table><tr><th>rank</th><th>pid</th><th>device</th>"
-                f"<th>backend</th><th>threads</th></tr>{rows}</table>")
-
+        return ranks_html(repr(self), self.ranks)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 
 class RunProgress:
     """Tracks each rank's reported progress and shows the slowest rank's."""
@@ -32,3 +35,27 @@ class RunProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class Listeners:
+    """Who hears a run's progress, per thread: a widget's background run never hears, nor
+    acts on, a run another cell starts meanwhile."""
+
+    def __init__(self):
+        self._by_thread: dict[int, object] = {}
+
+    def current(self):
+        return self._by_thread.get(threading.get_ident())
+
+    @contextlib.contextmanager
+    def listening(self, listener):
+        thread = threading.get_ident()
+        previous = self._by_thread.get(thread)
+        self._by_thread[thread] = listener
+        try:
+            yield
+        finally:
+            if previous is None:
+                del self._by_thread[thread]
+            else:
+                self._by_thread[thread] = previous

@@ -25,3 +25,13 @@ def seconds(value, name: str, allow_none: bool = True) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")
     return float(value)
+
+
+def ranks_html(title: str, ranks: list[dict]) -> str:
+    """The cluster's rich view in a notebook: its repr, then a row per rank."""
+    rows = "".join(
+        f"<tr><td>{r.get('rank')}</td><td>{r.get('pid', '')}</td><td>{r.get('device', '')}"
+        f"</td><td>{r.get('backend', '')}</td><td>{r.get('threads', '')}</td></tr>"
+        for r in ranks)
+    return (f"<b>{title}</b><table><tr><th>rank</th><th>pid</th><th>device</th>"
+            f"<th>backend</th><th>threads</th></tr>{rows}</table>")
