@@ -17,9 +17,12 @@ two widths so that a cost growing with the bytes of the weights is separated fro
 
     extra(width) = tensors x per_tensor + weight_bytes(width) x per_byte
 
-The extra includes the CPU time of the engine's own collectives at these tiny sizes (a few
-KiB each): the projection charges collectives their fitted alpha besides, so this term is an
-upper bound by that much (see the report of issue 15).
+Only the per-tensor part is charged by ``project`` (``Cluster.engine_overhead_s``): bytes
+are charged by the collectives' and the memory's bandwidth already. The per-tensor part
+includes the CPU time of the engine's own collectives at these tiny sizes (a few KiB each),
+which the projection also charges as each collective's fitted alpha: by that much, the
+term is an upper bound. Calibrated on a decoder: a model whose engines work per module
+rather than per tensor (an MLP's few large layers) is charged by the same per-tensor rate.
 """
 
 from __future__ import annotations
