@@ -10,7 +10,10 @@ how long a search of a 70B decoder on 1024 GPUs takes, and its projections of pu
    machine (matmul FLOP/s, copy bandwidth, per-op cost, gloo collectives' alpha-beta); then
    each classroom run of ``labkit.plan.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed) is
    projected and trained; the relative error of the projected step against the measured
-   median step, per run, median and worst.
+   median step, per run, median and worst. At 2 and 4 ranks the calibration also measures
+   what tp's DTensors and FSDP2's hooks add per parameter tensor (``labkit.plan.engines``: a
+   tiny decoder, not the runs compared). The load (run-queue delay over the timed steps) is
+   applied per step's slowest rank; the errors under the other rules are printed too.
 3. Published runs, projected: Megatron-LM's GPT 175B on 1536 A100s and Llama 3 405B on 16384
    H100s, their TFLOP/s per GPU beside the reported ones.
 The last line printed is one JSON object of the figures.
@@ -82,19 +85,28 @@ def main() -> None:
     for n, c in calibrations.items():
         print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, copy "
               f"{c.memory_bandwidth / 1e9:.1f} GB/s, {c.op_overhead_s * 1e6:.0f} us per op"
+              + "".join(f"; {e} adds {t * 1e6:.0f} us per parameter tensor (+{b * 1e9:.1f} "
+                        f"ns per weight byte, left to the bandwidth terms)"
+                        for e, (t, b) in c.engine_overhead.items())
               + "".join(f"; {link}" for link in c.links.values()))
     print(f"{'run':<16}{'ranks':>6}{'alone ms':>10}{'load x':>8}{'projected ms':>14}"
           f"{'measured ms':>13}{'error':>8}")
     for c in comparisons:
         print(f"{c.name:<16}{c.world_size:>6}{c.predicted_alone_s * 1e3:>10.1f}"
               f"{c.load_factor:>8.2f}{c.predicted_s * 1e3:>14.1f}"
-              f"{c.measured_s * 1e3:>13.1f}{c.error:>+8.0%}")
+              f"{c.measured_s * 1e3:>13.1f}{c.error:>+8.0%}   stretch per rank "
+              + " ".join(f"{x:.2f}" for x in c.rank_stretch)
+              + "; load by rule " + " ".join(f"{r} {v:.2f}" for r, v in c.load_by_rule.items()))
     stats = error_stats(comparisons)
     print(f"median |error| {stats['median_abs_error']:.0%}, worst {stats['worst_abs_error']:.0%}"
           f" (this machine is shared: other processes change step times between runs)")
+    for rule, (median, worst) in stats["by_rule"].items():
+        print(f"  load applied by rule {rule!r}: median |error| {median:.0%}, worst {worst:.0%}")
     figures.update(stats)
+    figures["calibrations"] = {n: c.to_dict() for n, c in calibrations.items()}
     figures["runs"] = [{"name": c.name, "ranks": c.world_size, "projected_s": c.predicted_s,
                         "projected_alone_s": c.predicted_alone_s, "load_factor": c.load_factor,
+                        "load_by_rule": c.load_by_rule, "rank_stretch": c.rank_stretch,
                         "measured_s": c.measured_s} for c in comparisons]
     figures["published"] = _published()
     print(json.dumps(figures))

@@ -161,7 +161,7 @@ def test_cp_and_ep_in_projection_and_search():
 
 def test_ranks_over_cores_share_them_and_other_load_is_measured_not_guessed():
     from labkit.plan.calibrate import Calibration
-    from labkit.plan.checkrun import _load_factor
+    from labkit.plan.checkrun import load_factor
 
     alone = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)
     crowded = Calibration(4, 1e11, 1e10, 2e-5, 1e9, cores=2)
@@ -170,7 +170,42 @@ def test_ranks_over_cores_share_them_and_other_load_is_measured_not_guessed():
     assert crowded.cluster().op_overhead_s == 2 * alone.cluster().op_overhead_s
     # a rank that waited for a core 3/4 of a 4 s run ran 4x slower than on a core of its own;
     # the ranks' own sharing (2 ranks a core) explains half of that
-    before, after = [(0.0, 0.0), (0.0, 0.0)], [(4.0, 3.0), (4.0, 1.0)]
-    assert _load_factor(before, after, 1.0) == pytest.approx(4.0)
-    assert _load_factor(before, after, 2.0) == pytest.approx(2.0)
-    assert _load_factor(before, [(4.0, 0.0), (4.0, 0.0)], 1.0) == 1.0
+    one_step = [[(4.0, 3.0), (4.0, 1.0)]]  # [step][rank]: (wall, waited)
+    assert load_factor(one_step, 1.0, "slowest") == pytest.approx(4.0)
+    assert load_factor(one_step, 2.0, "slowest") == pytest.approx(2.0)
+    assert load_factor([[(4.0, 0.0), (4.0, 0.0)]], 1.0) == 1.0
+    # a step waits for its slowest rank: rank 0 held up step 0 (4x), rank 1 step 1 (2x);
+    # per step that is a median of 2x, while each rank over the whole run waited little
+    steps = [[(4.0, 3.0), (4.0, 0.0)], [(4.0, 0.0), (4.0, 2.0)], [(4.0, 0.0), (4.0, 0.0)]]
+    assert load_factor(steps, 1.0, "step") == pytest.approx(2.0)
+    assert load_factor(steps, 1.0, "slowest") == pytest.approx(12 / 9)
+    assert load_factor(steps, 1.0, "median") == pytest.approx((12 / 9 + 12 / 10) / 2)
+
+
+def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(two):
+    """DTensor's dispatch and FSDP2's hooks, measured on a tiny decoder on two ranks (CPU
+    time, not the runs the bench compares), are a cost per parameter tensor; a projection
+    pays it only for the engines its layout uses."""
+    from labkit.plan.calibrate import Calibration
+    from labkit.plan.checkrun import _GPT
+    from labkit.plan.engines import fit_overhead, measure_engine_overhead, param_tensors
+
+    fitted = fit_overhead(two.run(measure_engine_overhead, 3))
+    assert set(fitted) == {"tp", "fsdp"}
+    assert all(per_tensor > 0 and per_byte >= 0 for per_tensor, per_byte in fitted.values())
+    plain = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)
+    measured = dataclasses.replace(plain, engine_overhead=fitted)
+
+    def step(calibration, layout):
+        return plan.project(_GPT, layout, calibration.cluster(), global_batch=16,
+                            micro_batches=2 if layout.pp > 1 else 1, precision="fp32").step_s
+
+    tensors = param_tensors(_GPT)
+    for layout, engines in ((Layout(tp=2), ("tp",)), (Layout(fsdp=2), ("fsdp",)),
+                            (Layout(dp=2, dp_kind="ddp"), ()),
+                            (Layout(pp=2, schedule="gpipe"), ())):
+        extra = step(measured, layout) - step(plain, layout)
+        want = sum(fitted[e][0] for e in engines) * tensors
+        assert extra == pytest.approx(want, rel=1e-6, abs=1e-12), layout
+    # GPUs have no such figure: a named cluster pays nothing
+    assert plan.Cluster("H100").engine_overhead_s == ()

@@ -13,7 +13,10 @@ compute takes ranks / cores times longer), not measured as noise:
   a step: this is the term that sees it);
 * memory per rank: the cluster's cap, else this machine's memory (from the OS) over the ranks;
 * each collective's alpha and beta: ``labkit.comm.time_collectives`` over a few sizes and its
-  ``fit`` (two ranks at least).
+  ``fit`` (two ranks at least);
+* what tp's DTensors and FSDP2's hooks add per parameter tensor and per weight byte
+  (``labkit.plan.engines``: a tiny decoder's step under each engine against it plain, two
+  ranks at least).
 
 ``Calibration.cluster()`` is a ``labkit.plan.Cluster`` of these figures (efficiency 1: the
 matmuls were measured), for ``project`` and ``search`` like any named cluster.
@@ -29,6 +32,7 @@ import torch
 
 from labkit.comm.timing import time_collectives
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
+from labkit.plan.engines import fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU, Cluster
 from labkit.plan.project import sample_ops
 
@@ -101,6 +105,8 @@ class Calibration:
     links: dict = field(default_factory=dict)  # {kind: AlphaBeta}
     oversubscribed: bool = False
     cores: int = field(default_factory=_cores)
+    # {engine: (s per parameter tensor, s per weight byte)} tp / fsdp add (engines.py)
+    engine_overhead: dict = field(default_factory=dict)
 
     @property
     def core_share(self) -> float:
@@ -122,13 +128,16 @@ class Calibration:
         alpha = link.latency_per_step if link is not None else 0.0
         return Cluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
                        op_overhead_s=self.op_overhead_s * share,
-                       measured_links=dict(self.links))
+                       measured_links=dict(self.links),
+                       engine_overhead_s=tuple((e, per_tensor * share) for e, (per_tensor, _)
+                                               in sorted(self.engine_overhead.items())))
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "matmul_flops": self.matmul_flops,
                 "memory_bandwidth": self.memory_bandwidth, "op_overhead_s": self.op_overhead_s,
                 "links": {k: v.to_dict() for k, v in self.links.items()},
-                "oversubscribed": self.oversubscribed, "cores": self.cores}
+                "oversubscribed": self.oversubscribed, "cores": self.cores,
+                "engine_overhead": {e: list(v) for e, v in self.engine_overhead.items()}}
 
 
 def _host_memory_per_rank(world_size: int) -> float:
@@ -145,12 +154,14 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
     """Measure matmul FLOP/s, bandwidth and per-op cost on every rank of ``cluster`` (the
     slowest rank's), and each collective's alpha-beta fit when it has 2 ranks or more."""
     per_rank = cluster.run(_measure_rank, repeats)
-    links = {}
+    links, engines = {}, {}
     if cluster.world_size > 1:
         sweep = time_collectives(cluster, kinds, sizes_bytes, repeats)
         links = sweep.fits()
+        engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
     capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
     return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
                        min(r["bandwidth"] for r in per_rank),
                        max(r["op_s"] for r in per_rank), float(capacity), links,
-                       bool(getattr(cluster, "oversubscribed", False)))
+                       bool(getattr(cluster, "oversubscribed", False)),
+                       engine_overhead=engines)

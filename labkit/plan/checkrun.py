@@ -3,16 +3,28 @@ the median step of the same run on this machine's ranks.
 
 The projection is for this machine's cores as the calibration measured them (CPU time, ranks
 sharing cores when they outnumber them). Other programs sharing the machine slow the run
-besides: each rank's time spent runnable but waiting for a core is read from the kernel
-(``/proc/self/schedstat``, its run-queue delay) over the run, and the projection is stretched
-by it (``load_factor``: 1 on a machine of one's own) beyond what the ranks' own sharing of
-cores explains. ``predicted_alone_s`` is the projection without it."""
+besides. Each rank records, between its steps, how long it waited runnable for a core (the
+kernel's run-queue delay: ``labkit.train.runqueue``); over the run's *timed* steps only (those
+the measured median is taken from: set-up, the first step and memory-tracked steps left out),
+a rank's stretch is wall / (wall - waited). The projection is stretched by it (``load_factor``,
+1 on a machine of one's own) beyond what the ranks' own sharing of cores explains.
+
+How the ranks' stretches combine (``RULES``; the bench prints the error under each):
+
+* ``"step"`` (the default): per step, the slowest rank's stretch, then the median over the
+  steps. It mirrors how the measured step is formed (the slowest rank at each step, then the
+  median): in a step whose ranks meet in collectives, the step ends when the most delayed
+  rank ends, and a rank's delay in one step is not carried into the median of another.
+* ``"median"``: the median over ranks of each rank's whole-run stretch (robust to one rank
+  that was unlucky once, but blind to the fact that one slow rank holds all others).
+* ``"slowest"``: the largest whole-run stretch of any rank (the earlier rule).
+
+``predicted_alone_s`` is the projection without it."""
 
 from __future__ import annotations
 
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, MLPConfig
@@ -44,14 +56,18 @@ class Comparison:
     measured_s: float
     predicted_alone_s: float = 0.0
     load_factor: float = 1.0
+    load_by_rule: dict = field(default_factory=dict)  # {rule: load factor}
+    rank_stretch: list = field(default_factory=list)  # per rank, over the timed steps
 
     @property
     def error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
 
-def compare(cluster, runs=None, steps: int = 6, quick: bool = False) -> tuple[list, dict]:
-    """Calibrate at each rank count, project each run, train it, and compare step times."""
+def compare(cluster, runs=None, steps: int = 6, quick: bool = False,
+            rule: str = "step") -> tuple[list, dict]:
+    """Calibrate at each rank count, project each run, train it, and compare step times
+    (the load applied by ``rule``, one of ``RULES``)."""
     import labkit
 
     runs = runs or RUNS
@@ -64,35 +80,67 @@ def compare(cluster, runs=None, steps: int = 6, quick: bool = False) -> tuple[li
             for name, model, layout, batch, micro in cells:
                 predicted = project(model, layout, here, global_batch=batch,
                                     micro_batches=micro, precision="fp32")
-                before = cluster.run(_sched)
                 report = labkit.train(cluster, model=model, layout=layout, global_batch=batch,
                                       micro_batches=micro, steps=steps, estimate=False)
-                factor = _load_factor(before, cluster.run(_sched), calib.core_share)
+                stretches = step_stretches(report)
+                rules = {r: load_factor(stretches, calib.core_share, r) for r in RULES}
+                per_rank = [_stretch([s[r] for s in stretches]) for r in range(report.world_size)]
+                factor = rules[rule]
                 out.append(Comparison(name, n, str(layout), predicted.step_s * factor,
-                                      report.median_step_s, predicted.step_s, factor))
+                                      report.median_step_s, predicted.step_s, factor, rules,
+                                      per_rank))
     return out, calibrations
 
 
-def _sched(ctx=None) -> tuple[float, float]:
-    """(wall seconds, seconds runnable but waiting for a core) of this rank, now."""
-    try:
-        with open("/proc/self/schedstat") as f:
-            waited = int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):  # not Linux: no correction
-        waited = 0.0
-    return time.monotonic(), waited
+RULES = ("step", "median", "slowest")
 
 
-def _load_factor(before, after, core_share: float) -> float:
-    """How much longer the run took than on cores of its own: 1 / (the share of its
-    runnable time a rank was on a core), the slowest rank's, less what ``core_share`` (the
-    ranks' own sharing, already projected) explains; at least 1."""
-    stretch = 1.0
-    for (w0, q0), (w1, q1) in zip(before, after, strict=True):
-        wall, queued = w1 - w0, q1 - q0
-        if wall > 0 and queued < wall:
-            stretch = max(stretch, wall / (wall - queued))
-    return max(1.0, stretch / core_share)
+def timed_steps(report) -> list[int]:
+    """The steps the report's median step is taken from (``TrainReport.split``): not the
+    first, and the untracked ones when there are any."""
+    records = report.ranks[0]["records"]
+    later = list(range(1, len(records))) or [0]
+    untracked = [s for s in later
+                 if not any(r["records"][s].get("memory_tracked") for r in report.ranks)]
+    return untracked or later
+
+
+def step_stretches(report) -> list[list[tuple[float, float]]]:
+    """Per timed step, per rank: (wall seconds, seconds waited for a core) since the
+    previous step's end (``labkit.train.runqueue``); empty where the kernel gave none."""
+    out = []
+    for s in timed_steps(report):
+        row = []
+        for rank in report.ranks:
+            now, before = rank["records"][s], rank["records"][s - 1] if s else None
+            if before is None or "sched_wall_s" not in now or "sched_wall_s" not in before:
+                return []
+            row.append((now["sched_wall_s"] - before["sched_wall_s"],
+                        now["sched_queued_s"] - before["sched_queued_s"]))
+        out.append(row)
+    return out
+
+
+def _stretch(intervals) -> float:
+    """wall / (wall - waited) over ``intervals`` of (wall, waited): 1 / the share of its
+    runnable time a rank was on a core."""
+    wall = sum(w for w, _ in intervals)
+    waited = sum(q for _, q in intervals)
+    return wall / (wall - waited) if wall > 0 and waited < wall else 1.0
+
+
+def load_factor(stretches, core_share: float, rule: str = "step") -> float:
+    """The load a run's timed steps ran under (``stretches`` from ``step_stretches``), less
+    what ``core_share`` (the ranks' own sharing, already projected) explains; at least 1.
+    ``rule``: see the module's docstring."""
+    if not stretches:
+        return 1.0
+    if rule == "step":
+        value = statistics.median(max(_stretch([x]) for x in row) for row in stretches)
+    else:
+        ranks = [_stretch([row[r] for row in stretches]) for r in range(len(stretches[0]))]
+        value = statistics.median(ranks) if rule == "median" else max(ranks)
+    return max(1.0, value / core_share)
 
 
 def error_stats(comparisons) -> dict:
@@ -102,7 +150,20 @@ def error_stats(comparisons) -> dict:
     return {"median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
             "runs": len(errors),
             "median_abs_error_alone": statistics.median(alone) if alone else None,
-            "median_load_factor": statistics.median(c.load_factor for c in comparisons)}
+            "median_load_factor": statistics.median(c.load_factor for c in comparisons),
+            "by_rule": _by_rule(comparisons)}
 
 
-__all__ = ["RUNS", "Calibration", "Comparison", "compare", "error_stats"]
+def _by_rule(comparisons) -> dict:
+    """{rule: (median, worst) |error|} had the load been applied by that rule."""
+    out = {}
+    for rule in RULES:
+        errors = [abs(c.predicted_alone_s * c.load_by_rule[rule] - c.measured_s) / c.measured_s
+                  for c in comparisons if rule in c.load_by_rule]
+        if errors:
+            out[rule] = (statistics.median(errors), max(errors))
+    return out
+
+
+__all__ = ["RULES", "RUNS", "Calibration", "Comparison", "compare", "error_stats", "load_factor",
+           "step_stretches"]

@@ -186,7 +186,8 @@ class Cluster:
     ``custom_node`` allows more GPUs per node than the reference node joins. ``op_overhead_s`` is a
     fixed cost per dispatched op (0 on GPUs, where kernels queue ahead of the device; measured
     on this machine) and ``measured_links`` each collective's fitted alpha-beta (this
-    machine)."""
+    machine); ``engine_overhead_s`` what tp and fsdp add per parameter tensor (this machine
+    only)."""
 
     gpu: GPU | str
     gpus_per_node: int | None = None
@@ -195,6 +196,10 @@ class Cluster:
     alpha_s: tuple[float, float] = (10e-6, 20e-6)
     op_overhead_s: float = 0.0
     measured_links: dict | None = dataclasses.field(default=None, compare=False, hash=False)
+    # ((engine, seconds per parameter tensor), ...): what tp's DTensors and
+    # FSDP2's hooks add to each op (measured on this machine: labkit/plan/engines.py); empty
+    # on GPUs, where no such figure is measured (kernels queue ahead of the device)
+    engine_overhead_s: tuple = ()
     custom_node: bool = False
 
     def __post_init__(self):

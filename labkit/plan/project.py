@@ -49,6 +49,8 @@ ASSUMPTIONS = (
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
     "pipeline sends are exposed",
     "a pipeline idles (p-1)/v micro-batch times per step",
+    "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
+    "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
     "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
     "bound; ring attention sends the next block while it computes the current one)",
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
@@ -228,7 +230,8 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
     compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
-                  if cluster.op_overhead_s else 0.0))  # GPUs: 0, and no op count to trace
+                  if cluster.op_overhead_s else 0.0)  # GPUs: 0, and no op count to trace
+               + engine_overhead_s(model_config, layout, lever, cluster))
     busy, links, critical = {}, {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
@@ -254,6 +257,21 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
         bubble = (layout.pp - 1) / layout.stages_per_rank * per_micro
     return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
                       bubble, links)
+
+
+def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Cluster) -> float:
+    """What tp's DTensor dispatch and FSDP2's hooks add to a step: a cost per parameter
+    tensor on this rank (per micro-batch), for each engine the layout uses (measured on this
+    machine: ``labkit.plan.engines``; no figure on GPUs, so 0 there). The part of the measured
+    extra that grows with bytes is not added: bytes are charged by the collectives' and the
+    memory's bandwidth already."""
+    used = [per_tensor for engine, per_tensor in cluster.engine_overhead_s
+            if getattr(layout, engine, 1) > 1]
+    if not used:
+        return 0.0
+    from labkit.plan.engines import param_tensors
+
+    return sum(used) * param_tensors(model_config) * lever.micro_batches / layout.pp
 
 
 def _ops(model_config, layout: Layout, lever: Lever) -> float:
@@ -285,5 +303,5 @@ def sample_ops(model_config) -> int:
     return Count.n + 6 * len(list(model.parameters()))  # Adam: a few ops per tensor
 
 
-__all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "is_recommender", "project",
-           "spans_nodes", "step_costs"]
+__all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "engine_overhead_s", "is_recommender",
+           "project", "spans_nodes", "step_costs"]

@@ -31,6 +31,7 @@ from labkit.pipeline_parallel.schedule import pipeline_step
 from labkit.step.record import StepRecord
 from labkit.step.spmd import micro_steps, run_step, step_precision
 from labkit.train.config import TrainConfig
+from labkit.train.runqueue import RunQueueObserver
 
 # Steps 0 and 1 hold the peak of every later step (step 0 creates the optimizer state,
 # step 1 runs with it; DDP rebuilds its buckets in step 1): memory is tracked there, and
@@ -118,7 +119,8 @@ def _steps(run, config, built, observers, steps: range, tracked: bool, records: 
 
 
 def _observers(layout) -> list:
-    return [TableObserver()] if layout.tables is not None else []
+    observers = [TableObserver()] if layout.tables is not None else []
+    return observers + [RunQueueObserver()]  # the load each step ran under (plan/checkrun)
 
 
 def train_on_rank(ctx, config_dict: dict) -> dict:

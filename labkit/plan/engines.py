@@ -1,0 +1,135 @@
+"""What DTensor tensor parallelism and FSDP2 add to each op of a step, measured here.
+
+The per-op cost (``calibrate``'s ``op_overhead_s``) is measured on plain aten ops. Under tp
+every weight is a DTensor, so each op on it goes through DTensor's sharding propagation
+before it reaches aten; under FSDP2 each unit's pre/post forward and backward hooks run and
+the optimizer walks DTensor shards. On GPUs this is hidden behind kernels queued ahead; on a
+CPU rank it is the step's critical path, and small classroom models are mostly overhead.
+
+``measure_engine_overhead(ctx)`` runs on every rank of a cluster (2 ranks or more): a tiny
+decoder's training step (2 blocks, widths 16 and 64: no arithmetic to speak of) built by
+labkit's one build path (``labkit.build.build``) with ``Layout(tp=N)`` and with
+``Layout(fsdp=N)``, beside the same model plain on each rank, each timed in the rank's CPU
+time (like the rest of the calibration). Both engines work per parameter tensor (a DTensor
+per weight whose every op is dispatched through DTensor; FSDP2's copy-in/out, hooks and the
+optimizer over DTensor shards), so the extra is counted per parameter tensor, fitted at the
+two widths so that a cost growing with the bytes of the weights is separated from it:
+
+    extra(width) = tensors x per_tensor + weight_bytes(width) x per_byte
+
+Only the per-tensor part is charged by ``project`` (``Cluster.engine_overhead_s``): bytes
+are charged by the collectives' and the memory's bandwidth already. The per-tensor part
+includes the CPU time of the engine's own collectives at these tiny sizes (a few KiB each),
+which the projection also charges as each collective's fitted alpha: by that much, the
+term is an upper bound. Calibrated on a decoder: a model whose engines work per module
+rather than per tensor (an MLP's few large layers) is charged by the same per-tensor rate.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+from labkit.layout.layout import Layout
+from labkit.models import GPTConfig, build_model, example_batch, loss_fn
+
+# Two widths of one depth: the same tensors, weight bytes 1 : ~13.
+WIDTHS = (16, 64)
+ENGINES = ("tp", "fsdp")
+
+
+def tiny(width: int) -> GPTConfig:
+    """A decoder whose step is the framework's work, not arithmetic (d_model = ``width``)."""
+    return GPTConfig(vocab_size=32, seq_len=8, d_model=width, n_heads=4, n_layers=2)
+
+
+@functools.lru_cache(maxsize=64)
+def param_tensors(model_config) -> int:
+    """Parameter tensors of the whole model (counted on meta tensors)."""
+    return len(list(build_model(model_config, device="meta").parameters()))
+
+
+def _cpu_median(step, repeats: int) -> float:
+    step()
+    step()  # warm-up: lazy state of the engines (FSDP's first all-gather, DTensor caches)
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        step()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def _plain_step(config, batch: int):
+    model = build_model(config)
+    optimizer = torch.optim.Adam(model.parameters())
+    inputs, targets = example_batch(config, batch)
+
+    def step():
+        optimizer.zero_grad()
+        loss_fn(config)(model(inputs), targets).backward()
+        optimizer.step()
+
+    return step
+
+
+def _engine_step(ctx, config, layout: Layout, batch: int):
+    """The step labkit's training loop runs for ``layout`` (the real build, the real step)."""
+    from labkit.build import build, parallel_context
+    from labkit.models import local_slice, make_batch
+    from labkit.step.spmd import run_step
+    from labkit.train.config import TrainConfig
+
+    run = parallel_context(ctx, layout)
+    train = TrainConfig(model=config, layout=layout, global_batch=batch * layout.data_size,
+                        precision="fp32")
+    built = build(run, train)
+    data = local_slice(make_batch(config, 0, train.global_batch, 0), run.data_rank,
+                       layout.data_size)
+
+    def step():
+        run_step(built.model, data, loss_fn(config), built.optimizer, "fp32",
+                 built.sync_gradients, micro_batches=1, no_sync=built.no_sync)
+
+    return step
+
+
+def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
+    """On each rank: {engine: {width: extra CPU seconds per step over plain}} and the
+    parameter tensors of the tiny model (the same at every width)."""
+    repeats = max(repeats, 5)  # a few ms each: the median of 5 costs nothing
+    out = {"tensors": param_tensors(tiny(WIDTHS[0])), "extra": {e: {} for e in ENGINES},
+           "plain": {}}
+    n = ctx.world_size
+    for width in WIDTHS:
+        config = tiny(width)
+        plain = _cpu_median(_plain_step(config, 1), repeats)
+        out["plain"][width] = plain
+        for engine in ENGINES:
+            layout = Layout(tp=n) if engine == "tp" else Layout(fsdp=n)
+            timed = _cpu_median(_engine_step(ctx, config, layout, 1), repeats)
+            out["extra"][engine][width] = timed - plain
+    return out
+
+
+def weight_bytes(width: int) -> int:
+    return sum(p.numel() * 4 for p in build_model(tiny(width), device="meta").parameters())
+
+
+def fit_overhead(per_rank: list[dict]) -> dict:
+    """{engine: (seconds per parameter tensor, seconds per weight byte)} from the slowest
+    rank's extras at the two widths; each at least 0 (an engine never makes a step cheaper)."""
+    small, large = WIDTHS
+    db = weight_bytes(large) - weight_bytes(small)
+    tensors = per_rank[0]["tensors"]
+    fitted = {}
+    for engine in ENGINES:
+        lo = max(r["extra"][engine][small] for r in per_rank)
+        hi = max(r["extra"][engine][large] for r in per_rank)
+        per_byte = max(0.0, (hi - lo) / db)
+        per_tensor = max(0.0, (lo - per_byte * weight_bytes(small)) / tensors)
+        fitted[engine] = (per_tensor, per_byte)
+    return fitted
