@@ -40,6 +40,18 @@ def test_the_engine_option_is_checked_before_any_rank_starts():
     assert labkit.TrainConfig.from_dict(config.to_dict()).cp_engine == "torch"
 
 
+def test_every_report_says_which_engine_ran():
+    """The ranks say which engine ran; the report says so however it was made (the notebook's
+    ``labkit.train`` or torchrun's rank 0: the latter's report did not say)."""
+    from labkit.train.report import TrainReport
+
+    config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4)
+    ranks = [{"rank": r, "records": [], "cp_engine": "torch context_parallel"} for r in (0, 1)]
+    report = TrainReport(config, 2, "cuda", "nccl", False, ranks, None, where="torchrun")
+    assert report.extra["cp_engine"] == "torch context_parallel"
+    assert TrainReport.from_dict(report.to_dict()).extra["cp_engine"] == "torch context_parallel"
+
+
 def test_torch_head_tail_shards_are_labkits():
     """The tokens torch's default load balancer gives each rank are those labkit's
     ``sharding.py`` gives it, in the same order (so either engine reads the same batch)."""
