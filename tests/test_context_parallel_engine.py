@@ -127,3 +127,16 @@ def test_torch_context_parallel_trains_as_the_ring_and_one_device():
     assert runs["ring"].extra["cp_engine"] == "labkit ring"
     assert_trains_as(runs["ring"], runs["auto"])
     assert_trains_as(one, runs["auto"])
+
+
+def test_notebook_08_refuses_a_rank_count_it_cannot_run():
+    """world_size drives cp, dp and ep in notebook 08: 1 and 3 ranks failed late (a KeyError
+    on 'dp' after every run at 1; seq_len 256 not cut into 6 chunks at 3)."""
+    from labkit.context_parallel.demo import check_lesson_ranks
+
+    for ranks in (2, 4):
+        check_lesson_ranks(ranks, [256, 512], n_experts=4, global_batch=8)
+    with pytest.raises(ValueError, match="world_size=1 .* at least 2 ranks.*world_size=2 or 4"):
+        check_lesson_ranks(1, [256, 512], n_experts=4, global_batch=8)
+    with pytest.raises(ValueError, match="world_size=3 .*multiple of 2 x cp = 6.*n_experts 4"):
+        check_lesson_ranks(3, [256, 512], n_experts=4, global_batch=8)
