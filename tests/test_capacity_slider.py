@@ -4,6 +4,8 @@ configuration, layout, device and capacity; headless it is a Figure."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import labkit
@@ -57,3 +59,22 @@ def test_a_cached_run_is_served_only_to_the_same_runs(two):
 def test_headless_capacity_slider_is_a_figure(two):
     fig = labkit.widgets.capacity_slider(two, CONFIG, LAYOUT, [1.0], interactive=False)
     assert "capacity factor 1" in fig._suptitle.get_text() and len(fig.axes) == 3
+
+
+def test_bad_factors_are_refused_before_any_run(two):
+    """A 0, NaN or negative factor anywhere in the list (not only the first one shown), or
+    no factor at all, fails when the slider is made: no run trains first."""
+    for factors in ([0.5, 0.0], [0.5, float("nan")], [-1.0, 1.0]):
+        explorer = CapacityExplorer(two, CONFIG, LAYOUT)
+        with pytest.raises(ValueError, match="capacity_factor must be a finite number above 0"):
+            labkit.widgets.capacity_slider(two, CONFIG, LAYOUT, factors, explorer=explorer)
+        assert explorer._cache == {}
+    with pytest.raises(ValueError, match="at least one capacity factor"):
+        labkit.widgets.capacity_slider(two, CONFIG, LAYOUT, [])
+
+
+def test_a_huge_factor_gives_at_most_one_slot_per_token():
+    """Capacity past seq_len is empty slots (a token picks an expert once): 1e7 asked the
+    ranks for an 80 GB buffer before."""
+    assert MOE.capacity() == 8 and replace(MOE, capacity_factor=2.0).capacity() == 16
+    assert replace(MOE, capacity_factor=1e7).capacity() == MOE.seq_len

@@ -40,6 +40,18 @@ def test_the_engine_option_is_checked_before_any_rank_starts():
     assert labkit.TrainConfig.from_dict(config.to_dict()).cp_engine == "torch"
 
 
+def test_every_report_says_which_engine_ran():
+    """The ranks say which engine ran; the report says so however it was made (the notebook's
+    ``labkit.train`` or torchrun's rank 0: the latter's report did not say)."""
+    from labkit.train.report import TrainReport
+
+    config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4)
+    ranks = [{"rank": r, "records": [], "cp_engine": "torch context_parallel"} for r in (0, 1)]
+    report = TrainReport(config, 2, "cuda", "nccl", False, ranks, None, where="torchrun")
+    assert report.extra["cp_engine"] == "torch context_parallel"
+    assert TrainReport.from_dict(report.to_dict()).extra["cp_engine"] == "torch context_parallel"
+
+
 def test_torch_head_tail_shards_are_labkits():
     """The tokens torch's default load balancer gives each rank are those labkit's
     ``sharding.py`` gives it, in the same order (so either engine reads the same batch)."""
@@ -115,3 +127,74 @@ def test_torch_context_parallel_trains_as_the_ring_and_one_device():
     assert runs["ring"].extra["cp_engine"] == "labkit ring"
     assert_trains_as(runs["ring"], runs["auto"])
     assert_trains_as(one, runs["auto"])
+
+
+def test_notebook_08_refuses_a_rank_count_it_cannot_run():
+    """world_size drives cp, dp and ep in notebook 08: 1 and 3 ranks failed late (a KeyError
+    on 'dp' after every run at 1; seq_len 256 not cut into 6 chunks at 3)."""
+    from labkit.context_parallel.demo import check_lesson_ranks
+
+    for ranks in (2, 4):
+        check_lesson_ranks(ranks, [256, 512], n_experts=4, global_batch=8)
+    with pytest.raises(ValueError, match="world_size=1 .* at least 2 ranks.*world_size=2 or 4"):
+        check_lesson_ranks(1, [256, 512], n_experts=4, global_batch=8)
+    with pytest.raises(ValueError, match="world_size=3 .*multiple of 2 x cp = 6.*n_experts 4"):
+        check_lesson_ranks(3, [256, 512], n_experts=4, global_batch=8)
+
+
+def _train_with_torch_engine_on_cpu(ctx, config_dict: dict) -> dict:
+    """labkit's cp_engine="torch" training path (the loop shards nothing, torch's
+    ``context_parallel`` shards inputs and targets, swaps SDPA, the loop averages gradients
+    over cp) run on this CPU rank: DTensor is given a handler for the CPU attention op that
+    calls torch's own ring functions, the part torch 2.13 lacks on CPU. Patches undone."""
+    import importlib
+
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+    def handler(op, args, kwargs):  # (batch, heads, seq / cp, d_head) shards, Shard(2)
+        info = DTensor._op_dispatcher.unwrap_to_op_info(op, args, kwargs)
+        mesh, a = info.compute_mesh, info.local_args
+        if op is fwd:
+            out = cp._templated_ring_attention(mesh.get_group(), 2, op, *a[:3],
+                                               is_causal=a[4])[:2]
+        else:
+            out = cp._templated_ring_attention_backward(
+                mesh.get_group(), 2, op, grad_out=a[0], grad_out_name="grad_out", query=a[1],
+                key=a[2], value=a[3], out=a[4], logsumexp=a[5], dropout_p=a[6],
+                is_causal=a[7], **info.local_kwargs)[:3]
+        return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in out)
+
+    modules = [importlib.import_module(f"labkit.{m}") for m in ("build.build", "train.loop")]
+    saved = [m.engine_on for m in modules]
+    cp.existing_custom_ops.update({fwd: handler, bwd: handler})
+    try:
+        for m in modules:
+            m.engine_on = lambda choice, device: "torch" if choice == "torch" else "ring"
+        from labkit.train.loop import train_on_rank
+
+        return train_on_rank(ctx, config_dict)
+    finally:
+        for m, engine_on in zip(modules, saved, strict=True):
+            m.engine_on = engine_on
+        for op in (fwd, bwd):
+            cp.existing_custom_ops.pop(op)
+
+
+def test_the_torch_engine_path_trains_as_the_ring_on_cpu(two):
+    """What runs on GPUs, but on CPU: the batch sharded by torch's load balancer, the
+    positions hook, targets, the gradient average over cp (not double counted)."""
+    config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), **SGD)
+    runs = {engine: two.run(_train_with_torch_engine_on_cpu,
+                            config.replace(cp_engine=engine).to_dict())
+            for engine in ("torch", "ring")}
+    assert [r["cp_engine"] for r in runs["torch"]] == ["torch context_parallel"] * 2
+    losses = {e: [rec["loss"] for rec in runs[e][0]["records"]] for e in runs}
+    assert max(abs(a - b) for a, b in zip(*losses.values(), strict=True)) < 1e-5
+    for name, weight in runs["ring"][0]["weights"].items():
+        assert torch.allclose(runs["torch"][0]["weights"][name], weight, atol=1e-6), name
+    assert "all_to_all" in {c["kind"] for c in runs["torch"][0]["records"][0]["comm"]}

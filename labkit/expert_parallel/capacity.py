@@ -16,7 +16,7 @@ class CapacityRun:
     """One capacity factor trained for real (every count summed over the ranks)."""
 
     factor: float
-    capacity: int  # slots per expert per sequence: ceil(factor x seq x top_k / n_experts)
+    capacity: int  # slots per expert per sequence: MoEGPTConfig.capacity()
     load: list[list[list[int]]]  # [step][layer][expert]: tokens each expert took
     dropped: list[list[int]]  # [layer][expert]: choices over capacity, all steps
     dropped_share: float  # of every choice the router made, all layers and steps

@@ -6,8 +6,8 @@ Routing, per MoE layer, for x (batch, seq, d_model):
   its top_k experts, weights renormalised to sum to 1 when top_k > 1 (GShard); with top_k = 1
   the weight is the chosen expert's probability itself (Switch): renormalised it would be 1
   and the router would get no gradient from the language-model loss;
-* capacity: an expert takes at most C = ceil(capacity_factor x seq x top_k / n_experts)
-  tokens of each sequence (GShard's groups, one per sequence: what a sequence drops does not
+* capacity: an expert takes at most C = min(ceil(capacity_factor x seq x top_k / n_experts),
+  seq) tokens of each sequence (GShard's groups, one per sequence: what a sequence drops does not
   depend on how the batch is split over ranks); all first choices are served before second
   choices, in token order; a token over capacity skips that expert (its residual carries it);
 * the load-balancing loss (Switch's): n_experts x sum_e f_e x P_e per sequence (f_e: share of
@@ -54,8 +54,10 @@ class MoEGPTConfig(GPTConfig):
             raise ValueError(f"top_k ({self.top_k}) cannot exceed n_experts ({self.n_experts})")
 
     def capacity(self) -> int:
-        """Slots per expert per sequence."""
-        return math.ceil(self.capacity_factor * self.seq_len * self.top_k / self.n_experts)
+        """Slots per expert per sequence, at most seq_len: a token picks an expert once, so
+        more slots would stay empty (a factor of 1e7 asked the ranks for 80 GB of them)."""
+        slots = math.ceil(self.capacity_factor * self.seq_len * self.top_k / self.n_experts)
+        return min(slots, self.seq_len)
 
 
 class Experts(nn.Module):

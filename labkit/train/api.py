@@ -74,8 +74,6 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
     report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
                          ranks.oversubscribed, list(ranks), est)
     report.extra["shared_gpus"] = ranks.shared_gpus  # several ranks on one GPU: say so
-    if "cp_engine" in ranks[0]:  # "torch context_parallel" or "labkit ring"
-        report.extra["cp_engine"] = ranks[0]["cp_engine"]
     return report
 
 

@@ -32,6 +32,11 @@ class TrainReport:
     where: str = "measured here"
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        # which engine ran cp attention, said by the ranks: in the notebook and under torchrun
+        if self.ranks and "cp_engine" in self.ranks[0]:
+            self.extra.setdefault("cp_engine", self.ranks[0]["cp_engine"])
+
     # ----- summaries (the slowest rank sets the pace of every step) -----------------------
     @property
     def layout(self) -> Layout:

@@ -31,6 +31,7 @@ from labkit.checkpoint.rules import check_checkpointing
 from labkit.checkpoint.store import CheckpointError
 from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
+from labkit.context_parallel.engine import ENGINES as CP_ENGINES
 from labkit.layout import STRATEGIES, Layout, check_run, layout_for
 from labkit.memory import MemoryTracker
 from labkit.memory.estimate import estimate_memory
@@ -72,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(SIGKILL) once STEP steps are done, in the first attempt only "
                         "(torchrun --max-restarts N restarts it; with --checkpoint-dir the "
                         "run resumes from its last checkpoint)")
+    parser.add_argument("--cp-engine", default="auto", choices=CP_ENGINES,
+                        help="context parallelism's engine: auto (PyTorch's on GPUs, labkit's "
+                        "ring on CPU), torch (GPUs only) or ring")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -107,6 +111,7 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
                              checkpoint_dir=getattr(args, "checkpoint_dir", None),
                              checkpoint_every=getattr(args, "checkpoint_every", None),
                              checkpoint_async=getattr(args, "checkpoint_async", False),
+                             cp_engine=getattr(args, "cp_engine", "auto"),
                              **parallel)
         if len(parallels) > 1 and config.checkpoint_dir is not None:
             # a folder per strategy: the strategy may change on resumption, so in one

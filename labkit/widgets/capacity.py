@@ -3,6 +3,8 @@ expert and the router's heat map (``labkit/expert_parallel/capacity.py`` caches 
 
 from __future__ import annotations
 
+import dataclasses
+
 from labkit.expert_parallel.capacity import CapacityExplorer
 from labkit.plots.capacity import plot_capacity
 
@@ -13,6 +15,8 @@ def capacity_slider(cluster, config, layout, factors, value: float | None = None
     """A slider over ``factors``; headless (``interactive=False``), the Figure at ``value``.
     ``explorer``: one whose runs are reused (the same config, layout and cluster)."""
     factors = [float(f) for f in factors]
+    if not factors:
+        raise ValueError("capacity_slider needs at least one capacity factor, e.g. [1.0, 2.0]")
     value = factors[0] if value is None else float(value)
     if value not in factors:
         raise ValueError(f"capacity factor {value:g} is not one of the slider's {factors}")
@@ -20,6 +24,8 @@ def capacity_slider(cluster, config, layout, factors, value: float | None = None
     if (explorer.cluster, explorer.config, explorer.layout) != (cluster, config, layout):
         raise ValueError("the explorer was made for another cluster, config or layout: pass "
                          "CapacityExplorer(cluster, config, layout) for these, or none")
+    for factor in factors:  # a bad factor refused now, not after the first runs trained
+        dataclasses.replace(config.model, capacity_factor=factor)
 
     def figure(factor):
         return plot_capacity(explorer.run(factor))
