@@ -37,7 +37,11 @@ from labkit.plan.hardware import GPU, Cluster
 from labkit.plan.project import sample_ops
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
-SIZES = (1 << 12, 1 << 16, 1 << 20)  # 4 KiB .. 1 MiB: classroom runs' messages
+SIZES = tuple(1 << k for k in range(12, 21))  # 4 KiB .. 1 MiB, 2x apart: classroom messages
+# Collectives are timed in this many interleaved rounds, each size summarised by a low
+# quantile (labkit.comm.timing): with 5 rounds the minimum of a few noisy samples decided the
+# fit (4 ranks on 2 cores once fitted alpha 3.8 ms and an infinite bandwidth).
+COLLECTIVE_ROUNDS = 40
 MATMULS = ((1024, 128, 512), (1024, 512, 128), (256, 1024, 1024))  # (rows, inner, columns)
 
 
@@ -156,7 +160,7 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
     per_rank = cluster.run(_measure_rank, repeats)
     links, engines = {}, {}
     if cluster.world_size > 1:
-        sweep = time_collectives(cluster, kinds, sizes_bytes, repeats)
+        sweep = time_collectives(cluster, kinds, sizes_bytes, max(repeats, COLLECTIVE_ROUNDS))
         links = sweep.fits()
         engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
     capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
