@@ -69,26 +69,33 @@ class KillSwitch:
         self.error: BaseException | None = None
         self.figure = None
         self._kill_lock = threading.Lock()
+        self._live = False  # the run to kill is on the ranks now (a click may act)
+        self._started = False
         self._lock: CheckpointLock | None = None  # the folder, held during the first run
         self._thread: threading.Thread | None = None
         self.box = None
 
     # ----- what the button and the headless path call -----------------------------------
     def kill(self, rank: int) -> bool:
-        """SIGKILL rank ``rank``'s process now (once per run); False if too late or done."""
+        """SIGKILL rank ``rank``'s process now (once per run); False if too early (no step
+        reported yet), too late (the run over: its ranks are idle, or another run's, and a
+        pid may have been reused) or done already."""
+        if not 0 <= rank < self.cluster.world_size:
+            raise ValueError(f"rank must be in 0..{self.cluster.world_size - 1}, got {rank}")
         with self._kill_lock:
-            if self.killed is not None or self.recovery is not None or not self.steps_seen:
-                return False  # one kill per run, once it trains (before: the old ranks)
-            if not 0 <= rank < self.cluster.world_size:
-                raise ValueError(f"rank must be in 0..{self.cluster.world_size - 1}, got {rank}")
+            if not self._live or self.killed is not None or not self.steps_seen:
+                return False  # one kill per run, while it trains (before: the old ranks)
             pid = self.cluster.ranks[rank].get("pid")
             if pid is None:  # still starting: nothing to kill yet
                 return False
+            # Recorded before the signal: the run's thread may see the rank die before this
+            # thread runs again (or a kernel interrupt lands here), and must know it was us.
+            self.killed = (rank, self.steps_seen.get(rank, 0))
             try:
                 os.kill(pid, signal.SIGKILL)  # no goodbye, as when a GPU falls off the bus
             except ProcessLookupError:  # already gone: the run is failing anyway
+                self.killed = None
                 return False
-            self.killed = (rank, self.steps_seen.get(rank, 0))
         self._say(f"<b>rank {rank} killed</b> after {self.killed[1]} steps; the others wait "
                   "in their next collective until the cluster notices")
         return True
@@ -115,6 +122,7 @@ class KillSwitch:
         try:
             with self.cluster.listening(self._on_progress):
                 try:
+                    self._live = True
                     self.cluster.run(_train_until_killed, self.config.to_dict(), self.rank,
                                      self.at_step, self.pace_s)
                     raise RuntimeError("the run finished: no rank was killed")
@@ -123,6 +131,8 @@ class KillSwitch:
                         raise
                     error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 finally:  # the recovery's train takes the folder itself
+                    with self._kill_lock:  # no click acts on the ranks from now on
+                        self._live = False
                     self._lock.release()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RanksRestartedWarning)  # we killed it
@@ -149,6 +159,10 @@ class KillSwitch:
             show_figure(self.box.plot, self.figure)
 
     def start(self, background: bool = True) -> KillSwitch:
+        if self._started:  # its steps, kill and recovery belong to the run it made
+            raise RuntimeError("a KillSwitch runs once: make another (kill_switch(...)) with "
+                               "a fresh checkpoint_dir")
+        self._started = True
         # the folder is this run's from now (CheckpointError at once if another run holds it)
         self._lock = CheckpointLock(self.config.checkpoint_dir).take()
         if not background:
@@ -177,7 +191,7 @@ class KillSwitch:
         self.box.status.value = html_text
         if progress is not None:
             self.box.bar.max, self.box.bar.value = progress[1], progress[0]
-        self.box.button.disabled = (self.killed is not None or self.recovery is not None
+        self.box.button.disabled = (not self._live or self.killed is not None
                                     or not self.steps_seen)
 
     def build_box(self):
