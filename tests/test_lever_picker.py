@@ -64,3 +64,29 @@ def test_the_picker_message_compares_only_with_a_plain_run_that_fitted():
     fits = LeverRun("checkpointing", {}, {"activations": 6 << 20}, 6 << 20, 6 << 20, 0.02, {})
     said = _message(failed, fits)
     assert "nan" not in said and "below the plain" not in said and "did not fit" in said
+
+
+def test_the_picker_trains_again_when_the_cluster_capacity_changes(monkeypatch):
+    """A cached run is served only to the ranks and capacity it ran on (as the capacity
+    slider's cache): after ``cluster.memory_per_device`` changes, a pick is trained again.
+    No rank starts: ``run_lever`` is a stand-in that counts its calls."""
+    from labkit.train import levers
+
+    class Ranks:
+        world_size, memory_per_device = 1, 32 * 2**20
+
+    made = []
+
+    def stand_in(cluster, config, options):
+        made.append(cluster.memory_per_device)
+        ran = levers.levers_of(config.replace(**options))
+        return levers.LeverRun(lever_name(ran), ran, {}, 0, 0, 0.1, {}, None,
+                               levers.base_of(config, cluster))
+
+    monkeypatch.setattr(levers, "run_lever", stand_in)
+    cluster, config = Ranks(), labkit.TrainConfig(model=sized("gpt", 2e5), steps=2)
+    picker = LeverPicker(cluster, config, [stand_in(cluster, config, {})])
+    assert picker.run(False, "fp32", 1) is picker.run(False, "fp32", 1) and len(made) == 1
+    cluster.memory_per_device = 8 * 2**20
+    assert picker.run(False, "fp32", 1).base == levers.base_of(config, cluster)
+    assert made == [32 * 2**20, 8 * 2**20]

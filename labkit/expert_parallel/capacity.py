@@ -1,7 +1,7 @@
 """The capacity factor, run by run: for each factor the MoE GPT trains for real and keeps the
 tokens each expert took and dropped, and the router's choices per step (notebook 08's
 capacity slider). Runs are cached per factor, and a cached run is served only to the same
-configuration on the same ranks and capacity (as ``labkit/train/levers.py``'s picker)."""
+configuration on the same ranks and capacity (``labkit/train/runcache.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from labkit.expert_parallel.observe import dropped_by_expert, dropped_tokens, expert_load
+from labkit.train.runcache import RunCache
 
 
 @dataclass
@@ -53,7 +54,7 @@ class CapacityExplorer:
             raise ValueError(f"the capacity factor belongs to a mixture of experts: give a "
                              f"TrainConfig of MoEGPTConfig, not {config.model.name!r}")
         self.cluster, self.config, self.layout = cluster, config, layout
-        self._cache: dict[tuple, CapacityRun] = {}
+        self._cache: RunCache[CapacityRun] = RunCache()
 
     def _base(self) -> str:
         model = dataclasses.replace(self.config.model, capacity_factor=1.0)
@@ -61,10 +62,8 @@ class CapacityExplorer:
                      self.cluster.memory_per_device))  # the run resizes to the layout's ranks
 
     def run(self, factor: float) -> CapacityRun:
-        key = (self._base(), float(factor))
-        if key not in self._cache:
-            self._cache[key] = run_capacity(self.cluster, self.config, self.layout, factor)
-        return self._cache[key]
+        return self._cache.get(self._base(), float(factor), lambda: run_capacity(
+            self.cluster, self.config, self.layout, factor))
 
     def message(self, factor: float) -> str:
         run = self.run(factor)

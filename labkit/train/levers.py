@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from labkit.memory.oom import DeviceOOM
 from labkit.train.api import train
 from labkit.train.config import TrainConfig
+from labkit.train.runcache import RunCache
 
 PLAIN: dict = {}
 LEVERS = {"activation checkpointing": {"activation_checkpointing": True},
@@ -91,8 +92,9 @@ def try_levers(cluster, config: TrainConfig, levers: dict | None = None) -> list
 
 
 class LeverPicker:
-    """Runs by lever combination, trained on first use and cached (one config, one cluster:
-    ``runs`` given to seed the cache must have been trained with the same config)."""
+    """Runs by lever combination, trained on first use and cached for this config, the
+    cluster's ranks and capacity as they are when picked (``runs`` given to seed the cache
+    must have been trained with the same config, on the same ranks and capacity)."""
 
     def __init__(self, cluster, config: TrainConfig, runs: list[LeverRun] = ()):
         self.cluster, self.config = cluster, config
@@ -101,7 +103,9 @@ class LeverPicker:
             raise ValueError(f"runs {stale} were trained with another configuration (or on "
                              f"another cluster or capacity) than this picker's; pass the runs "
                              f"of try_levers(cluster, config) for the same both, or none")
-        self._cache = {self._key(run.options): run for run in runs}
+        self._cache: RunCache[LeverRun] = RunCache()
+        for run in runs:
+            self._cache.put(run.base, self._key(run.options), run)
 
     @staticmethod
     def _key(options: dict) -> tuple:
@@ -111,7 +115,5 @@ class LeverPicker:
     def run(self, checkpointing: bool, precision: str, accumulation: int) -> LeverRun:
         options = {"activation_checkpointing": checkpointing, "precision": precision,
                    "grad_accumulation": accumulation}
-        key = self._key(options)
-        if key not in self._cache:
-            self._cache[key] = run_lever(self.cluster, self.config, options)
-        return self._cache[key]
+        return self._cache.get(base_of(self.config, self.cluster), self._key(options),
+                               lambda: run_lever(self.cluster, self.config, options))
