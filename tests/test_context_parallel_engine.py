@@ -198,3 +198,15 @@ def test_the_torch_engine_path_trains_as_the_ring_on_cpu(two):
     for name, weight in runs["ring"][0]["weights"].items():
         assert torch.allclose(runs["torch"][0]["weights"][name], weight, atol=1e-6), name
     assert "all_to_all" in {c["kind"] for c in runs["torch"][0]["records"][0]["comm"]}
+
+
+def test_an_engine_chosen_for_a_layout_without_cp_is_refused_before_any_rank_starts():
+    """``cp_engine`` picks what runs context parallelism; on a layout without it nothing
+    would use the choice (and the report would name no engine): say so, not train."""
+    from labkit.layout.rules import check_run
+
+    for engine in ("ring", "torch"):
+        config = labkit.TrainConfig(model=GPT, strategy="ddp", global_batch=4, cp_engine=engine)
+        with pytest.raises(ValueError, match=f"cp_engine={engine!r} .* cp=1"):
+            check_run(config, Layout(dp=2), 2)
+    check_run(labkit.TrainConfig(model=GPT, strategy="ddp", global_batch=4), Layout(dp=2), 2)

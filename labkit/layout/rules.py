@@ -27,6 +27,10 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
             raise ValueError("ring attention sends key/value blocks point to point, which gloo "
                              "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "
                              "give each rank its own GPU, or use device='cpu'")
+    elif config.cp_engine != "auto":  # nothing would run the chosen engine
+        raise ValueError(f"cp_engine={config.cp_engine!r} chooses what runs context "
+                         f"parallelism, and the layout {layout} has cp=1: give it cp > 1 "
+                         f"(Layout(cp=...)) or leave cp_engine='auto'")
     if layout.ep > 1 or plan.family == "moe_gpt":
         _check_experts(config, layout, plan)
     if layout.pipelined:  # the model first: no micro-batch count makes it a chain
