@@ -268,3 +268,28 @@ def test_a_relative_checkpoint_dir_is_the_notebook_s(two, tmp_path, monkeypatch)
     report = labkit.train(two, _config(strategy="ddp", steps=1, return_weights=False,
                                        checkpoint_dir="~/home-ck"), estimate=False)
     assert report.config.checkpoint_dir == str(tmp_path / "home-ck")
+
+
+def _train_with_a_failing_commit(ctx, config_dict: dict):
+    """``train_on_rank`` where rank 0's commit of an async save fails (as on a full disk)."""
+    from labkit.checkpoint import session
+
+    def commit(self, done):
+        raise OSError(28, "No space left on device (planted)")
+
+    original = session.Checkpointer._commit
+    session.Checkpointer._commit = commit
+    try:
+        return loop.train_on_rank(ctx, config_dict)
+    finally:
+        session.Checkpointer._commit = original
+
+
+def test_a_failed_commit_of_an_async_save_is_raised_not_hung(two, tmp_path):
+    """Found by review: rank 0 commits an async save from DCP's thread, whose executor drops
+    what a callback raises; the event the run waits on was never set and the run hung. The
+    error now ends the run, in seconds, naming the cause."""
+    config = _config(strategy="ddp", checkpoint_dir=tmp_path, checkpoint_every=1,
+                     checkpoint_async=True, steps=2)
+    with pytest.raises(labkit.RankError, match="No space left on device"):
+        two.run(_train_with_a_failing_commit, config.to_dict(), timeout=60)

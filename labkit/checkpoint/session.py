@@ -56,7 +56,7 @@ class Checkpointer:
         self.resumed_from: str | None = None
         # DCP's background thread needs a group of its own (collective on every rank).
         self.async_group = dist.new_group(backend="gloo") if config.checkpoint_async else None
-        self.pending = None  # (future, done, records snapshot, started) of an async save
+        self.pending = None  # (future, written, failed, done, record) of an async save
 
     # ----- resuming ------------------------------------------------------------------
     def resume(self) -> tuple[int, list[StepRecord]]:
@@ -139,16 +139,23 @@ class Checkpointer:
         future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.async_group)
         record = records[-1]  # this step's (the list grows while the thread writes)
         record.extras["checkpoint_s"] = time.perf_counter() - start  # training held up
-        written = threading.Event()
+        written, failed = threading.Event(), []
 
         def on_written(result) -> None:
-            record.extras["checkpoint_write_s"] = time.perf_counter() - start
-            if result.exception() is None and self.run.rank == 0:
-                self._commit(done)
-            written.set()
+            # runs on DCP's thread, whose executor logs and drops what a callback raises:
+            # a failed commit (a full disk, a refused rename) is kept for finish() to raise,
+            # and the event is set whatever happens (finish() waits on it)
+            try:
+                record.extras["checkpoint_write_s"] = time.perf_counter() - start
+                if result.exception() is None and self.run.rank == 0:
+                    self._commit(done)
+            except BaseException as error:  # noqa: BLE001 - re-raised by finish()
+                failed.append(error)
+            finally:
+                written.set()
 
         future.add_done_callback(on_written)
-        self.pending = (future, written, done, record)
+        self.pending = (future, written, failed, done, record)
         if done == self.config.steps:
             self.finish()  # the run's last checkpoint is on disk before it returns
 
@@ -156,10 +163,12 @@ class Checkpointer:
         """Wait until an async save under way is written and committed."""
         if self.pending is None:
             return
-        future, written, done, record = self.pending
+        future, written, failed, done, record = self.pending
         self.pending = None
         future.result()  # raises what the save raised
         written.wait()
+        if failed:  # rank 0's commit failed on DCP's thread
+            raise failed[0]
         dist.barrier()  # rank 0 has committed
         record.extras["checkpoint_bytes"] = _shard_bytes(step_dir(self.root, done),
                                                          self.run.rank)
