@@ -1,8 +1,8 @@
 """Benchmark: how far the planner's projections are from measured step times on this machine,
 how long a search of a 70B decoder on 1024 GPUs takes, and its projections of published runs.
 
-    python bench/plan.py          # 8 timed steps per run
-    python bench/plan.py --quick  # 4 timed steps per run, about a minute
+    python bench/plan.py          # 16 steps per run (the last 8 compared)
+    python bench/plan.py --quick  # 10 steps per run (the last 5 compared), about a minute
 
 1. Search: ``labkit.plan.search`` of GPT_70B on 128 nodes x 8 H100 (1024 GPUs), global batch
    1024, from cold caches (counting the model included); the best layout.
@@ -10,7 +10,8 @@ how long a search of a 70B decoder on 1024 GPUs takes, and its projections of pu
    machine (matmul FLOP/s, copy bandwidth, per-op cost, gloo collectives' alpha-beta); then
    each classroom run of ``labkit.plan.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed) is
    projected and trained; the relative error of the projected step against the measured
-   median step, per run, median and worst. At 2 and 4 ranks the calibration also measures
+   median steady step (the later half of the steps: a CPU rank's steps keep getting faster
+   for about five steps), per run, median and worst. At 2 and 4 ranks the calibration also measures
    what tp's DTensors and FSDP2's hooks add per parameter tensor (``labkit.plan.engines``: a
    tiny decoder, not the runs compared). The load (run-queue delay over the timed steps) is
    applied per step's slowest rank; the errors under the other rules are printed too.
@@ -80,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     figures = _search()
     with labkit.Cluster(4, device="cpu", max_world_size=4, progress=False) as cluster:
-        comparisons, calibrations = compare(cluster, steps=4 if args.quick else 8,
+        comparisons, calibrations = compare(cluster, steps=10 if args.quick else 16,
                                             quick=args.quick)
     for n, c in calibrations.items():
         print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, copy "

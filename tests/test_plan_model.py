@@ -209,3 +209,49 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
         assert extra == pytest.approx(want, rel=1e-6, abs=1e-12), layout
     # GPUs have no such figure: a named cluster pays nothing
     assert plan.Cluster("H100").engine_overhead_s == ()
+
+
+def test_the_measured_step_is_the_steady_one_past_the_warm_up():
+    """A CPU rank's steps keep getting faster for a few steps; the projection is of the
+    steady step, so the measured one is the median of the later half of the timed steps."""
+    from types import SimpleNamespace
+
+    from labkit.plan.checkrun import steady_step_s, steady_steps
+
+    def report(times):  # two ranks; rank 1 is 1 ms slower at every step
+        return SimpleNamespace(ranks=[{"records": [{"step_s": t + r * 1e-3} for t in times]}
+                                      for r in range(2)])
+
+    warming = report([0.5, 0.181, 0.137, 0.113, 0.104, 0.096, 0.092, 0.091, 0.088, 0.089])
+    assert steady_steps(warming) == [5, 6, 7, 8, 9]  # step 0 (set-up) and the warm-up out
+    assert steady_step_s(warming) == pytest.approx(0.091 + 1e-3)  # the slowest rank's
+    assert steady_steps(report([0.5, 0.2, 0.1])) == [1, 2]  # too few: every timed step
+
+
+def test_on_this_machine_communication_is_exposed_whole_and_the_optimizer_counted():
+    """A CPU rank's collectives run on gloo's threads on its one core: no overlap credit on
+    a measured cluster (labkit's own split measures comm_s = comm_busy_s), while GPUs keep
+    it. The optimizer's bandwidth-bound bytes are counted on its ops: torch's Adam touches
+    19 parameter-sized arrays per step (lerp 3, mul 2, addcmul 4, sqrt 2, div 2, add 2,
+    addcdiv 4), SGD 3 (add: the parameter, the gradient, the result)."""
+    from labkit.plan.calibrate import Calibration
+    from labkit.plan.checkrun import _GPT
+    from labkit.plan.counts import optimizer_counts
+
+    assert optimizer_counts("adam")[0] == pytest.approx(19, rel=1e-3)
+    assert optimizer_counts("sgd")[0] == pytest.approx(3, rel=1e-3)
+    from labkit.comm.alpha_beta import AlphaBeta
+
+    links = {k: AlphaBeta(k, 2, 4e-4, 1e9) for k in ("all_reduce", "all_gather",
+                                                      "reduce_scatter")}
+    here = Calibration(2, 1e11, 1e10, 2e-5, 1e9, links, cores=2).cluster()
+    fsdp = plan.project(_GPT, Layout(fsdp=2), here, global_batch=16, precision="fp32")
+    assert fsdp.exposed_s["fsdp"] == fsdp.comm_s["fsdp"] > 0
+    gpus = plan.project(_GPT, Layout(fsdp=2), plan.Cluster("H100", gpus_per_node=2),
+                        global_batch=16, precision="fp32")
+    assert gpus.exposed_s["fsdp"] < gpus.comm_s["fsdp"]
+    one = Calibration(1, 1e11, 1e10, 2e-5, 1e9, cores=2).cluster()
+    sgd = plan.project(_GPT, Layout(), one, global_batch=16, precision="fp32", optimizer="sgd")
+    adam = plan.project(_GPT, Layout(), one, global_batch=16, precision="fp32")
+    assert adam.costs.memory_bound_bytes - sgd.costs.memory_bound_bytes == pytest.approx(
+        16 * adam.costs.memory["parameters"], rel=1e-3)

@@ -135,6 +135,46 @@ def traced_sample_counts(model_config) -> SampleCounts:
                         lookups.lookup, lookups.table, params, lookups.other)
 
 
+class _OpBytes(TorchDispatchMode):
+    """Counts the non-view ops and the bytes they read and write (tensor arguments and
+    results)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not _is_view(func) and func._schema.name.startswith("aten::"):
+            self.ops += 1
+            self.bytes += _nbytes(args) + _nbytes(kwargs and list(kwargs.values())) + _nbytes(out)
+        return out
+
+
+@functools.lru_cache(maxsize=8)
+def optimizer_counts(optimizer: str) -> tuple[float, float]:
+    """(bytes an optimizer step reads and writes per byte of the parameters it updates, ops
+    it dispatches per parameter tensor), counted on the op stream of labkit's optimizer
+    (``labkit.optim``) over a small layer. Each pass over parameters, gradients and state is
+    one more array's bytes: torch's Adam touches 19 (its lerp, mul, addcmul, sqrt, div, add
+    and addcdiv), SGD 3. The step after the first is counted (the first creates the state).
+    The optimizer runs once per step, whatever the micro-batches."""
+    from labkit.optim import make_optimizer
+
+    layer = nn.Linear(64, 64)
+    params = list(layer.parameters())
+    step = make_optimizer(optimizer, params, 1e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    step.step()
+    counter = _OpBytes()
+    with counter:
+        step.step()
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    return counter.bytes / weight_bytes, counter.ops / len(params)
+
+
 def _is_view(func) -> bool:
     return any(a.alias_info is not None and not a.alias_info.is_write
                for a in func._schema.returns)

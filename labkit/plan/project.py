@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from labkit.costs import ring_share, ring_steps
 from labkit.layout.layout import MESH_ORDER, Layout
 from labkit.memory.units import format_bytes
-from labkit.plan.counts import is_decoder, is_recommender, sample_counts
+from labkit.plan.counts import (
+    is_decoder,
+    is_recommender,
+    optimizer_counts,
+    sample_counts,
+)
 from labkit.plan.hardware import Cluster
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
@@ -41,13 +46,15 @@ from labkit.plan.step import (
 ASSUMPTIONS = (
     "compute runs at the cluster's efficiency x peak FLOP/s (a named assumption on GPUs; "
     "measured matmul throughput on this machine)",
-    "bandwidth-bound work (embedding lookups, the optimizer's pass over its state) runs at the "
+    "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
+    "its ops) runs at the "
     "memory bandwidth",
     "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
     "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
     "uses the GPU links, a group across nodes the network",
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
-    "pipeline sends are exposed",
+    "pipeline sends are exposed; on this machine nothing hides (a CPU rank's collectives share "
+    "its one core)",
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
@@ -192,7 +199,8 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
         method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
-    memory_bound += 2 * (memory["parameters"] + memory["gradients"] + memory["optimizer"])
+    # the optimizer's passes over parameters, gradients and its state, counted on its ops
+    memory_bound += optimizer_counts(lever.optimizer)[0] * memory["parameters"]
     comm = step_comm(model_config, layout, lever, params, measured)
     tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
@@ -247,7 +255,10 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
             calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
                         and k != "all_to_all")
             hide = backward if dim == "dp" else compute
-            if layout.data_engine == "naive":
+            if layout.data_engine == "naive" or cluster.gpu.measured:
+                # this machine: a CPU rank's collectives run on gloo's threads, on the one
+                # core its compute has (no copy engine, no second stream): labkit's own split
+                # measures them exposed whole (comm_s = comm_busy_s under FSDP and DDP)
                 hide = 0.0
             late = busy[dim] - critical.get(dim, 0.0)
             exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
@@ -275,14 +286,24 @@ def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Clust
 
 
 def _ops(model_config, layout: Layout, lever: Lever) -> float:
-    """Kernel launches per step on a rank (for a fixed per-op cost): the ops of one sample's
-    forward and backward, per micro-batch, on this rank's share of the layers."""
-    return sample_ops(model_config) * lever.micro_batches / layout.pp
+    """Kernel launches per step on a rank (for a fixed per-op cost): one sample's forward and
+    backward per micro-batch, and the optimizer's ops once per step, on this rank's share of
+    the layers."""
+    forward_backward, tensors = _forward_backward_ops(model_config)
+    per_tensor = optimizer_counts(lever.optimizer)[1]
+    return (forward_backward * lever.micro_batches + per_tensor * tensors) / layout.pp
+
+
+def sample_ops(model_config, optimizer: str = "adam") -> float:
+    """Operators one sample's forward + backward and one optimizer step dispatch."""
+    forward_backward, tensors = _forward_backward_ops(model_config)
+    return forward_backward + optimizer_counts(optimizer)[1] * tensors
 
 
 @functools.lru_cache(maxsize=64)
-def sample_ops(model_config) -> int:
-    """Operators one forward + backward + Adam step dispatches (counted on meta tensors)."""
+def _forward_backward_ops(model_config) -> tuple[int, int]:
+    """(operators one sample's forward + backward dispatches, parameter tensors), counted on
+    meta tensors."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -300,7 +321,7 @@ def sample_ops(model_config) -> int:
     with Count():
         loss_fn(model_config)(model(inputs), targets).backward()
     del torch
-    return Count.n + 6 * len(list(model.parameters()))  # Adam: a few ops per tensor
+    return Count.n, len(list(model.parameters()))
 
 
 __all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "engine_overhead_s", "is_recommender",

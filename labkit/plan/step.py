@@ -58,7 +58,8 @@ class StepCosts:
         flops: FLOPs this rank computes (recomputation included).
         model_flops: the model's FLOPs per step over all ranks (no recomputation): MFU's top.
         memory_bound_bytes: bytes moved by ops that are bandwidth-bound (embedding lookups and
-            their gradients, the optimizer's pass over its state).
+            their gradients, the optimizer's passes over its state:
+            ``counts.optimizer_counts``).
         memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
         samples, tokens: per step, all ranks.
     """
