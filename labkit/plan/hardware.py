@@ -36,6 +36,9 @@ MEMORY_FRAGMENTATION = 0.05
 # https://github.com/modal-labs/modal-client/pull/2797), the row uses it; else the GiB the
 # stacks hold, said in the row's note.
 SMI_SOURCE = "nvidia-smi memory.total, modal-labs/modal-client PR #2797"
+# H200 and B200 are not in that list: their totals as nvidia-smi prints them in public logs of
+# 8-GPU machines (read 2026-12-01; the same figure on every GPU of a machine and across logs)
+SMI_PUBLIC = "nvidia-smi memory.total as printed in public logs (read 2026-12-01):"
 ACCESSED = "2026-12-01"  # the date the datasheets below were read for this table
 
 
@@ -138,15 +141,15 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
         "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU)."),
-    GPU("H200", 141 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
+    GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
-        "141 GB read as 141 GiB (HBM3e stacks; UNSURE: the driver's own total not found "
-        "published). H200 SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 "
-        "network as DGX "
+        f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
+        "SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
         "H100."),
-    GPU("B200", 180 * GiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
+    GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
-        "180 GB read as 180 GiB (UNSURE, as H200). HGX B200 (1000 W): FP16/BF16 4.5 PFLOPS with "
+        f"Memory: {SMI_PUBLIC} 183359 MiB on B200 (179.1 GiB). HGX B200 (1000 W): FP16/BF16 "
+        "4.5 PFLOPS with "
         "sparsity (2.25 dense), FP32 80 TFLOPS, "
         "8 TB/s; DGX B200 lists 1440 GB for 8 GPUs (180 GB each; 192 GB is the chip). NVLink 5 "
         "1.8 TB/s both directions; 8x 400 Gb/s ConnectX-7. UNSURE: some pages quote 75 TFLOPS "
