@@ -293,3 +293,48 @@ def test_a_failed_commit_of_an_async_save_is_raised_not_hung(two, tmp_path):
                      checkpoint_async=True, steps=2)
     with pytest.raises(labkit.RankError, match="No space left on device"):
         two.run(_train_with_a_failing_commit, config.to_dict(), timeout=60)
+
+
+def test_prune_keeps_this_runs_newest_and_clears_dead_saves(tmp_path):
+    """``checkpoint_keep``: after a commit, rank 0 deletes this run's checkpoints older than
+    its newest ``keep`` and saves of earlier steps left half-written by a kill; another run's
+    checkpoints, and a save of a later step, are left alone."""
+    from labkit.checkpoint.store import commit, prune, step_dir, tmp_dir
+
+    mine, other = _config().to_dict(), _config(seed=7).to_dict()
+
+    def save(config_dict, step):
+        tmp = tmp_dir(tmp_path, step)
+        tmp.mkdir()
+        (tmp / "__0_0.distcp").write_bytes(b"x" * step)
+        commit(tmp, step_dir(tmp_path, step), step, config_dict, 1, "1 device")
+
+    for step in (1, 2, 3, 4):
+        save(mine, step)
+    save(other, 5)
+    tmp_dir(tmp_path, 3).with_name("step-00000000.tmp").mkdir()  # a save killed long ago
+    tmp_dir(tmp_path, 9).mkdir()  # not older than the step just committed: left
+    gone = prune(tmp_path, mine, 4, keep=2)
+    assert sorted(gone) == ["step-00000000.tmp", "step-00000001", "step-00000002"]
+    assert _saved(tmp_path) == ["step-00000003", "step-00000004", "step-00000005",
+                                "step-00000009.tmp"]
+    assert prune(tmp_path, mine, 4, keep=None) == []  # keep None: complete ones all stay
+    for bad in (0, -1, 1.5):
+        with pytest.raises((ValueError, TypeError), match="checkpoint_keep"):
+            _config(checkpoint_dir=tmp_path, checkpoint_keep=bad)
+    with pytest.raises(ValueError, match="needs a checkpoint_dir"):
+        _config(checkpoint_keep=2)
+
+
+def test_a_run_that_keeps_two_checkpoints_resumes_exactly(two, tmp_path):
+    """Five saves with ``checkpoint_keep=2`` leave the last two; a longer run resumes from
+    the newest, bit for bit."""
+    reference = labkit.train(two, _config(strategy="ddp"), estimate=False)
+    config = _config(strategy="ddp", checkpoint_dir=tmp_path, checkpoint_every=1,
+                     checkpoint_keep=2, steps=3)
+    labkit.train(two, config, estimate=False)
+    assert _saved(tmp_path) == ["step-00000002", "step-00000003"]
+    report = labkit.train(two, config.replace(steps=STEPS), estimate=False)
+    _resumed(report, 3)
+    _assert_identical(reference, report)
+    assert _saved(tmp_path) == ["step-00000004", "step-00000005"]

@@ -107,13 +107,14 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
         "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
         "--precision", "mixed", "--micro-batches", "1", "--grad-accumulation", "2",
         "--activation-checkpointing", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2",
-        "--cp-engine", "ring"])
+        "--checkpoint-keep", "3", "--cp-engine", "ring"])
     [(config, out)] = _configs(args)
     assert (config.layout, config.global_batch, config.steps) == (
         labkit.Layout(fsdp=2, tp=2), 32, 3)
     assert (config.precision, config.grad_accumulation, config.activation_checkpointing) == (
         "mixed", 2, True)
     assert (config.checkpoint_dir, config.checkpoint_every, out) == ("ckpt", 2, "report.json")
+    assert config.checkpoint_keep == 3
     assert config.cp_engine == "ring"  # on GPUs a torchrun user can choose labkit's ring
 
 

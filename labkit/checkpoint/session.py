@@ -35,6 +35,7 @@ from labkit.checkpoint.state import ModelAndOptimizer, RandomState, rng_key
 from labkit.checkpoint.store import (
     Found,
     commit,
+    prune,
     records_file,
     scan,
     step_dir,
@@ -184,6 +185,7 @@ class Checkpointer:
     def _commit(self, done: int) -> None:
         commit(tmp_dir(self.root, done), step_dir(self.root, done), done, self.config_dict,
                self.run.world_size, str(self.run.layout))
+        prune(self.root, self.config_dict, done, self.config.checkpoint_keep)
 
 
 def _shard_bytes(folder: Path, rank: int) -> int:

@@ -36,7 +36,7 @@ _NAME = re.compile(r"^step-(\d{8})$")
 # Fields that may change between a run and its resumption: how the run is laid out (DCP
 # reshards over another layout or rank count), how long it goes on, what it returns.
 _FREE_FIELDS = ("strategy", "layout", "steps", "return_weights", "bucket_cap_mb",
-                "checkpoint_dir", "checkpoint_every", "checkpoint_async")
+                "checkpoint_dir", "checkpoint_every", "checkpoint_async", "checkpoint_keep")
 
 
 class CheckpointError(ValueError):
@@ -181,3 +181,27 @@ def commit(tmp: Path, final: Path, step: int, config_dict: dict, world_size: int
         os.fsync(fd)  # the rename itself reaches the disk
     finally:
         os.close(fd)
+
+
+_TMP = re.compile(r"^step-(\d{8})\.tmp$")
+
+
+def prune(root, config_dict: dict, step: int, keep: int | None) -> list[str]:
+    """Rank 0, right after step ``step`` was committed: delete what can no longer be needed,
+    and return the folders' names. Saves of earlier steps left unfinished (``step-N.tmp``
+    with N < ``step``: a run killed mid-save; saves run one after another, so none of them is
+    still being written), and with ``keep``, this run's complete checkpoints older than its
+    newest ``keep`` (another run's, damaged ones and later steps are never touched)."""
+    root = Path(root)
+    gone = []
+    for path in sorted(root.iterdir()):
+        match = _TMP.match(path.name)
+        if match and path.is_dir() and int(match.group(1)) < step:
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path.name)
+    if keep is not None:
+        found, _ = scan(root, config_dict, max_step=step)  # newest first, this run's only
+        for old in found[keep:]:
+            shutil.rmtree(old.path, ignore_errors=True)
+            gone.append(old.path.name)
+    return gone

@@ -53,6 +53,8 @@ class TrainConfig:
             saves after the last step only. Needs ``checkpoint_dir``.
         checkpoint_async: save with ``dcp.async_save``: training goes on while a
             background thread writes the checkpoint (it is committed before the next save).
+        checkpoint_keep: keep this run's newest this many checkpoints, deleting older ones
+            after each save (None keeps all). Saves killed half-way are deleted either way.
         cp_engine: what runs context parallelism (``labkit/context_parallel/engine.py``):
             "auto" (PyTorch's ``context_parallel`` on CUDA ranks, labkit's ring on CPU,
             where torch 2.13's refuses), "torch" (CUDA only) or "ring" (labkit's ring
@@ -76,6 +78,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     checkpoint_async: bool = False
+    checkpoint_keep: int | None = None
     cp_engine: str = "auto"
 
     def __post_init__(self):
@@ -144,6 +147,11 @@ def _check_checkpoint_fields(config: TrainConfig) -> None:
         fields.whole(config, "checkpoint_every")
         if config.checkpoint_dir is None:
             raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
+                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
+    if config.checkpoint_keep is not None:
+        fields.whole(config, "checkpoint_keep")
+        if config.checkpoint_dir is None:
+            raise ValueError(f"checkpoint_keep={config.checkpoint_keep} needs a "
                              f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
     fields.flag(config, "checkpoint_async")
     if config.checkpoint_async and config.checkpoint_dir is None:

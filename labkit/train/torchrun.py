@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "strategies: a folder per strategy inside it)")
     parser.add_argument("--checkpoint-every", type=int,
                         help="save every this many steps (default: after the last step)")
+    parser.add_argument("--checkpoint-keep", type=int,
+                        help="keep the newest this many checkpoints (default: all)")
     parser.add_argument("--checkpoint-async", action="store_true",
                         help="save with dcp.async_save while training goes on")
     parser.add_argument("--kill-rank-at-step", type=int, nargs=2, metavar=("RANK", "STEP"),
@@ -111,6 +113,7 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
                              checkpoint_dir=getattr(args, "checkpoint_dir", None),
                              checkpoint_every=getattr(args, "checkpoint_every", None),
                              checkpoint_async=getattr(args, "checkpoint_async", False),
+                             checkpoint_keep=getattr(args, "checkpoint_keep", None),
                              cp_engine=getattr(args, "cp_engine", "auto"),
                              **parallel)
         if len(parallels) > 1 and config.checkpoint_dir is not None:
