@@ -110,6 +110,32 @@ def test_pipelines_on_shared_gpus_are_refused_before_any_rank_starts():
         check_run(config, Layout(pp=2), 2, "cuda", "gloo")
 
 
+def test_ddp_under_torch_distributed_debug_detail_is_refused_before_any_rank_starts(
+        monkeypatch):
+    """PyTorch 2.13's DDP over gloo dies of SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (a
+    plain torch.multiprocessing DDP script too): refused by labkit.train with what to do,
+    before a rank starts; FSDP and INFO are left to run."""
+    from labkit.layout.rules import check_debug_env
+
+    with pytest.raises(ValueError, match="unset it, or set it to INFO"):
+        check_debug_env(Layout(dp=2), "gloo", "detail")
+    with pytest.raises(ValueError, match="DETAIL crashes"):
+        check_debug_env(Layout(dp=2, dp_kind="zero1"), "gloo", "DETAIL")
+    for layout, backend, debug in ((Layout(fsdp=2), "gloo", "DETAIL"),
+                                   (Layout(dp=2), "gloo", "INFO"), (Layout(dp=2), "gloo", None),
+                                   (Layout(dp=2), "nccl", "DETAIL")):
+        check_debug_env(layout, backend, debug)
+    import labkit
+
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    cluster = labkit.Cluster(2, device="cpu", progress=False)  # no rank starts until a run
+    try:
+        with pytest.raises(ValueError, match="DETAIL crashes"):
+            labkit.train(cluster, model="mlp", strategy="ddp", global_batch=8, steps=1)
+    finally:
+        cluster.close()
+
+
 def test_every_strategy_name_is_a_preset_layout():
     expected = {"single": Layout(), "naive_dp": Layout(dp=4, dp_kind="naive"),
                 "ddp": Layout(dp=4, dp_kind="ddp"), "zero1": Layout(dp=4, dp_kind="zero1"),

@@ -110,3 +110,16 @@ def _check_pipeline(config, layout: Layout) -> None:
     if schedule == "interleaved_1f1b" and (micro < stages or micro % stages):
         raise ValueError(f"interleaved 1F1B sends micro-batches round the {stages} ranks in "
                          f"rounds: use a multiple of {stages} micro-batches, not {micro}")
+
+
+def check_debug_env(layout: Layout, backend: str, debug: str | None) -> None:
+    """``debug``: the run's ``TORCH_DISTRIBUTED_DEBUG`` (read by the entry point). PyTorch
+    2.13's DDP over gloo dies of SIGSEGV in its first backward under ``DETAIL`` (a plain
+    ``torch.multiprocessing`` DDP script does too; INFO runs), which would reach a learner
+    as ranks dead of a signal: refused before any rank starts."""
+    if (debug or "").upper() == "DETAIL" and backend == "gloo" and layout.data_engine in (
+            "ddp", "zero1"):
+        raise ValueError(f"TORCH_DISTRIBUTED_DEBUG=DETAIL crashes PyTorch's DDP over gloo "
+                         f"(SIGSEGV in the ranks' first backward, also in a plain torch "
+                         f"script), which the layout {layout} runs: unset it, or set it to "
+                         f"INFO, before starting the notebook or torchrun")

@@ -8,7 +8,7 @@ import warnings
 from labkit.checkpoint.lock import lock_checkpoints
 from labkit.checkpoint.rules import check_checkpointing
 from labkit.layout.presets import layout_for
-from labkit.layout.rules import check_run
+from labkit.layout.rules import check_debug_env, check_run
 from labkit.memory.estimate import estimate_memory
 from labkit.memory.fit import model_state_note
 from labkit.memory.oom import DeviceOOM
@@ -25,7 +25,10 @@ def checked(cluster, config: TrainConfig | None = None, world_size: int | None =
     (default: its current size) before any process starts."""
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     n = cluster.world_size if world_size is None else world_size
-    check_run(config, layout_for(config, n), n, cluster.device, cluster.backend)
+    layout = layout_for(config, n)
+    check_run(config, layout, n, cluster.device, cluster.backend)
+    # the ranks inherit this process's environment (forked, or spawned with it)
+    check_debug_env(layout, cluster.backend, os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
     return config
 
 

@@ -33,6 +33,7 @@ from labkit.cluster.hardware import physical_cores
 from labkit.cluster.rank import RankContext
 from labkit.context_parallel.engine import ENGINES as CP_ENGINES
 from labkit.layout import STRATEGIES, Layout, check_run, layout_for
+from labkit.layout.rules import check_debug_env
 from labkit.memory import MemoryTracker
 from labkit.memory.estimate import estimate_memory
 from labkit.models import config_for, sized
@@ -230,6 +231,7 @@ def main(args) -> int:
     for config, _ in runs:
         layout = layout_for(config, world_size)
         check_run(config, layout, world_size, device.type, backend)
+        check_debug_env(layout, backend, os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
         check_checkpointing(config, layout)
     # The estimate traces on a process group of its own: before this process joins one.
     first = int(os.environ.get("RANK", 0)) == 0
