@@ -255,3 +255,47 @@ def test_on_this_machine_communication_is_exposed_whole_and_the_optimizer_counte
     adam = plan.project(_GPT, Layout(), one, global_batch=16, precision="fp32")
     assert adam.costs.memory_bound_bytes - sgd.costs.memory_bound_bytes == pytest.approx(
         16 * adam.costs.memory["parameters"], rel=1e-3)
+
+
+def test_ops_charged_per_step_are_the_ops_a_cpu_step_dispatches():
+    """The per-op cost is charged on the ops a real step dispatches: on meta tensors
+    attention takes the math path (bmm, mask, softmax: +38% of the GPT's forward and
+    backward ops), a CPU runs one fused kernel each way. Counted here on a real CPU step
+    (labkit's ``run_step``, Adam) with 1 and 2 micro-batches."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from labkit.models import build_model, example_batch, loss_fn
+    from labkit.optim import make_optimizer
+    from labkit.plan.project import _ops
+    from labkit.step.spmd import run_step
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    for micro in (1, 2):
+        torch.manual_seed(0)
+        model = build_model(SMALL)
+        optimizer = make_optimizer("adam", model.parameters(), 1e-3)
+        batch = example_batch(SMALL, 4)
+        run_step(model, batch, loss_fn(SMALL), optimizer, "fp32", micro_batches=micro)
+        Count.n = 0
+        with Count():  # the second step: Adam's state exists, as in every later step
+            run_step(model, batch, loss_fn(SMALL), optimizer, "fp32", micro_batches=micro)
+        charged = _ops(SMALL, Layout(), Lever(4, micro, "fp32", False, "adam"))
+        assert charged == pytest.approx(Count.n, rel=0.03), micro
+
+
+def test_time_to_train_and_calibrate_refuse_nonsense_before_any_work():
+    proj = plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), global_batch=16)
+    for bad in ({"tokens": -5}, {"samples": float("nan")}, {"tokens": float("inf")}):
+        with pytest.raises(ValueError, match="a number of"):
+            proj.time_to_train(**bad)
+    with pytest.raises(TypeError, match="labkit.Cluster"):
+        plan.calibrate("nonsense")
+    with pytest.raises(ValueError, match="repeats"):
+        plan.calibrate(object(), repeats=0)

@@ -157,6 +157,12 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
               sizes_bytes=SIZES) -> Calibration:
     """Measure matmul FLOP/s, bandwidth and per-op cost on every rank of ``cluster`` (the
     slowest rank's), and each collective's alpha-beta fit when it has 2 ranks or more."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"calibrate(repeats={repeats!r}): a whole number of timings, at least 1")
+    if not (hasattr(cluster, "run") and hasattr(cluster, "world_size")):
+        raise TypeError(f"calibrate() measures the ranks of a labkit.Cluster (labkit.Cluster(2, "
+                        f"device='cpu')), not {type(cluster).__name__}: a labkit.plan.Cluster "
+                        f"names hardware to project on, it has no ranks to time")
     per_rank = cluster.run(_measure_rank, repeats)
     links, engines = {}, {}
     if cluster.world_size > 1:

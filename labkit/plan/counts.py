@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -173,6 +174,68 @@ def optimizer_counts(optimizer: str) -> tuple[float, float]:
         step.step()
     weight_bytes = sum(p.numel() * p.element_size() for p in params)
     return counter.bytes / weight_bytes, counter.ops / len(params)
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts every op dispatched (views too: each costs a dispatch), except while muted."""
+
+    def __init__(self):
+        super().__init__()
+        self.n, self.muted = 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not self.muted
+        return func(*args, **(kwargs or {}))
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Stands, while ops are counted on meta tensors, for the fused kernel a CPU (or GPU)
+    runs: one op forward and one backward. On meta, ``scaled_dot_product_attention`` takes
+    its math path (bmm, mask, softmax, dropout: 41 ops a layer forward and backward on the
+    classroom GPT), which a real device never dispatches."""
+
+    @staticmethod
+    def forward(ctx, counter, q, k, v):  # q, k: (..., L, E); v: (..., S, Ev)
+        ctx.counter, ctx.shapes = counter, (q, k, v)
+        counter.n, counter.muted = counter.n + 1, True
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+        counter.muted = False
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        counter = ctx.counter
+        counter.n, counter.muted = counter.n + 1, True
+        grads = tuple(torch.empty_like(t) for t in ctx.shapes)
+        counter.muted = False
+        return (None, *grads)
+
+
+class _CountFusedAttention(TorchFunctionMode):
+    def __init__(self, counter: _OpCount):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fused = func is nn.functional.scaled_dot_product_attention and not (
+            kwargs.get("attn_mask") is not None or kwargs.get("dropout_p", 0.0) > 0)
+        if fused and len(args) == 3:
+            return _FusedAttention.apply(self.counter, *args)
+        return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=64)
+def forward_backward_ops(model_config) -> tuple[int, int]:
+    """(ops one sample's forward + backward dispatches on a real device, parameter tensors),
+    counted on meta tensors; attention counted as the fused kernel a device runs
+    (``_FusedAttention``), not meta's math path."""
+    model = build_model(model_config, device="meta")
+    inputs, targets = example_batch(model_config, 1, device="meta")
+    counter = _OpCount()
+    with _CountFusedAttention(counter), counter:
+        loss_fn(model_config)(model(inputs), targets).backward()
+    return counter.n, len(list(model.parameters()))
 
 
 def _is_view(func) -> bool:

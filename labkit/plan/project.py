@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from labkit.costs import ring_share, ring_steps
 from labkit.layout.layout import MESH_ORDER, Layout
 from labkit.memory.units import format_bytes
 from labkit.plan.counts import (
+    forward_backward_ops,
     is_decoder,
     is_recommender,
     optimizer_counts,
@@ -127,6 +129,10 @@ class Projection:
         """Wall-clock seconds, days and GPU-hours to train ``tokens`` (or ``samples``)."""
         if (tokens is None) == (samples is None):
             raise ValueError("give tokens= (decoders) or samples= (any model), one of them")
+        amount = samples if samples is not None else tokens
+        if not (isinstance(amount, numbers.Real) and 0 <= amount < math.inf):
+            raise ValueError(f"time_to_train: tokens= or samples= is a number of them, 0 or "
+                             f"more and finite, not {amount!r}")
         steps = (samples / self.lever.global_batch if samples is not None
                  else tokens / self.costs.tokens)
         seconds = steps * self.step_s
@@ -289,39 +295,15 @@ def _ops(model_config, layout: Layout, lever: Lever) -> float:
     """Kernel launches per step on a rank (for a fixed per-op cost): one sample's forward and
     backward per micro-batch, and the optimizer's ops once per step, on this rank's share of
     the layers."""
-    forward_backward, tensors = _forward_backward_ops(model_config)
+    forward_backward, tensors = forward_backward_ops(model_config)
     per_tensor = optimizer_counts(lever.optimizer)[1]
     return (forward_backward * lever.micro_batches + per_tensor * tensors) / layout.pp
 
 
 def sample_ops(model_config, optimizer: str = "adam") -> float:
     """Operators one sample's forward + backward and one optimizer step dispatch."""
-    forward_backward, tensors = _forward_backward_ops(model_config)
+    forward_backward, tensors = forward_backward_ops(model_config)
     return forward_backward + optimizer_counts(optimizer)[1] * tensors
-
-
-@functools.lru_cache(maxsize=64)
-def _forward_backward_ops(model_config) -> tuple[int, int]:
-    """(operators one sample's forward + backward dispatches, parameter tensors), counted on
-    meta tensors."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from labkit.models import build_model, example_batch, loss_fn
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    model = build_model(model_config, device="meta")
-    inputs, targets = example_batch(model_config, 1, device="meta")
-    with Count():
-        loss_fn(model_config)(model(inputs), targets).backward()
-    del torch
-    return Count.n, len(list(model.parameters()))
 
 
 __all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "engine_overhead_s", "is_recommender",
