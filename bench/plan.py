@@ -1,13 +1,14 @@
 """Benchmark: how far the planner's projections are from measured step times on this machine,
 how long a search of a 70B decoder on 1024 GPUs takes, and its projections of published runs.
 
-    python bench/plan.py          # 16 steps per run (the last 8 compared)
-    python bench/plan.py --quick  # 10 steps per run (the last 5 compared), about a minute
+    python bench/plan.py          # 16 steps per run (the last 7 compared)
+    python bench/plan.py --quick  # 10 steps per run (the last 4 compared), about a minute
 
 1. Search: ``labkit.plan.search`` of GPT_70B on 128 nodes x 8 H100 (1024 GPUs), global batch
    1024, from cold caches (counting the model included); the best layout.
 2. Calibration and error: at 1, 2 and 4 CPU ranks, ``labkit.plan.calibrate`` measures this
-   machine (matmul FLOP/s, copy bandwidth, per-op cost, gloo collectives' alpha-beta); then
+   machine (matmul FLOP/s, the bandwidth-bound ops' bytes/s, per-op cost, gloo collectives'
+   alpha-beta, what meeting in collectives adds to compute at 2 ranks); then
    each classroom run of ``labkit.plan.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed) is
    projected and trained; the relative error of the projected step against the measured
    median steady step (the later half of the steps: a CPU rank's steps keep getting faster
@@ -84,8 +85,9 @@ def main() -> None:
         comparisons, calibrations = compare(cluster, steps=10 if args.quick else 16,
                                             quick=args.quick)
     for n, c in calibrations.items():
-        print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, copy "
-              f"{c.memory_bandwidth / 1e9:.1f} GB/s, {c.op_overhead_s * 1e6:.0f} us per op"
+        print(f"calibration at {n} ranks: matmul {c.matmul_flops / 1e9:.1f} GFLOP/s, "
+              f"bandwidth-bound ops {c.memory_bandwidth / 1e9:.1f} GB/s, "
+              f"{c.op_overhead_s * 1e6:.0f} us per op, sync jitter {c.sync_jitter:.2f}"
               + "".join(f"; {e} adds {t * 1e6:.0f} us per parameter tensor (+{b * 1e9:.1f} "
                         f"ns per weight byte, left to the bandwidth terms)"
                         for e, (t, b) in c.engine_overhead.items())

@@ -299,3 +299,36 @@ def test_time_to_train_and_calibrate_refuse_nonsense_before_any_work():
         plan.calibrate("nonsense")
     with pytest.raises(ValueError, match="repeats"):
         plan.calibrate(object(), repeats=0)
+
+
+def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only(two):
+    """``sync_jitter``: rounds of matmul segments between small AllReduces take longer than
+    the AllReduces alone plus the ranks' mean compute; what they add, over that compute, is
+    charged to a multi-rank step of a measured cluster, never to one rank or to GPUs."""
+    from labkit.comm.alpha_beta import AlphaBeta
+    from labkit.plan.calibrate import Calibration
+    from labkit.plan.checkrun import _GPT
+    from labkit.plan.jitter import fit_jitter, measure_jitter
+
+    per_rank = two.run(measure_jitter, 6)
+    assert all(r["segmented_s"] > r["bare_s"] + 0.5 * r["compute_s"] > 0 for r in per_rank)
+    assert fit_jitter(per_rank) >= 0
+    # by hand: 10 ms bare + 100 ms compute on average, 130 ms segmented: 20 ms over 100
+    rows = [{"bare_s": 0.01, "segmented_s": 0.13, "compute_s": 0.09},
+            {"bare_s": 0.01, "segmented_s": 0.13, "compute_s": 0.11}]
+    assert fit_jitter(rows) == pytest.approx(0.2)
+    assert fit_jitter([{**rows[0], "segmented_s": 0.05}]) == 0.0  # never negative
+    links = {"all_reduce": AlphaBeta("all_reduce", 2, 4e-4, 1e9)}
+    calm = Calibration(2, 1e11, 1e10, 2e-5, 1e9, links, cores=2)
+    jumpy = dataclasses.replace(calm, sync_jitter=0.25)
+    ddp = Layout(dp=2, dp_kind="ddp")
+    a, b = (plan.project(_GPT, ddp, c.cluster(), global_batch=16, precision="fp32")
+            for c in (calm, jumpy))
+    assert b.compute_s == pytest.approx(1.25 * a.compute_s)
+    assert b.comm_s == a.comm_s  # the collectives' own time is the alpha-beta fit's
+    one = dataclasses.replace(jumpy, world_size=1).cluster()
+    assert one.sync_jitter == 0.25 and plan.project(
+        _GPT, Layout(), one, global_batch=16, precision="fp32").compute_s == pytest.approx(
+        plan.project(_GPT, Layout(), dataclasses.replace(calm, world_size=1).cluster(),
+                     global_batch=16, precision="fp32").compute_s)
+    assert plan.Cluster("H100").sync_jitter == 0.0

@@ -7,7 +7,10 @@ compute takes ranks / cores times longer), not measured as noise:
 
 * matmul FLOP/s: the median over three classroom shapes (the zoo's layers at classroom
   sizes: a few thousand rows by 128 to 1024) of the median of a few timed float32 matmuls;
-* memory bandwidth: a large tensor copied (read + written);
+* memory bandwidth: the bytes per second of the zoo's bandwidth-bound ops as a CPU runs
+  them (GELU, LayerNorm and Adam's update at classroom sizes, bytes counted as the model's
+  are): a copy moves 2-3x faster than GELU's or Adam's arithmetic lets them, and the
+  projection charges those ops;
 * an op's fixed cost: the training step of an MLP 8 wide (no arithmetic to speak of) over
   the ops counted in it (on small models the framework, not the arithmetic, takes most of
   a step: this is the term that sees it);
@@ -16,7 +19,10 @@ compute takes ranks / cores times longer), not measured as noise:
   ``fit`` (two ranks at least);
 * what tp's DTensors and FSDP2's hooks add per parameter tensor and per weight byte
   (``labkit.plan.engines``: a tiny decoder's step under each engine against it plain, two
-  ranks at least).
+  ranks at least);
+* what meeting in collectives adds to compute (``labkit.plan.jitter``: segments of matmuls
+  between small AllReduces against the AllReduces alone; two ranks at least, no more ranks
+  than cores).
 
 ``Calibration.cluster()`` is a ``labkit.plan.Cluster`` of these figures (efficiency 1: the
 matmuls were measured), for ``project`` and ``search`` like any named cluster.
@@ -32,12 +38,17 @@ import torch
 
 from labkit.comm.timing import time_collectives
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
+from labkit.plan.counts import OpBytes
 from labkit.plan.engines import fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU, Cluster
+from labkit.plan.jitter import fit_jitter, measure_jitter
 from labkit.plan.project import sample_ops
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
-SIZES = tuple(1 << k for k in range(12, 21))  # 4 KiB .. 1 MiB, 2x apart: classroom messages
+# 4 KiB .. 8 MiB, 2x apart: classroom messages, up to a classroom model's gradients (3.5 MB
+# for the GPT, 9.6 MB for the MLP: fitted only up to 1 MiB, a 9.5 MB AllReduce on 2 ranks
+# took 10.7 ms where the fit said 6.6)
+SIZES = tuple(1 << k for k in range(12, 24))
 # Collectives are timed in this many interleaved rounds, each size summarised by a low
 # quantile (labkit.comm.timing): with 5 rounds the minimum of a few noisy samples decided the
 # fit (4 ranks on 2 cores once fitted alpha 3.8 ms and an infinite bandwidth).
@@ -83,18 +94,46 @@ def _tiny_step():
     return step
 
 
+def _elementwise_work():
+    """The zoo's bandwidth-bound ops at classroom sizes: GELU and LayerNorm, forward and
+    backward, on a micro-batch's activations (1024 tokens x 512 and x 128), and Adam's update
+    of 1M parameters (its 19 arrays' passes)."""
+    x = torch.randn(1024, 512, requires_grad=True)
+    h = torch.randn(1024, 128, requires_grad=True)
+    norm = torch.nn.LayerNorm(128)
+    grad_x, grad_h = torch.randn_like(x), torch.randn_like(h)
+    weights = torch.randn(1 << 20, requires_grad=True)
+    weights.grad = torch.randn_like(weights)
+    adam = torch.optim.Adam([weights])
+    adam.step()  # the state exists from here on
+
+    def work():
+        x.grad = h.grad = None
+        torch.nn.functional.gelu(x).backward(grad_x)
+        norm(h).backward(grad_h)
+        adam.step()
+
+    return work
+
+
+def _bytes_per_second(work, repeats: int) -> float:
+    """Bytes ``work``'s ops read and write (counted as the model's are: ``counts.OpBytes``)
+    per second of its CPU time."""
+    counter = OpBytes()
+    with counter:
+        work()
+    return counter.bytes / _best(work, repeats)
+
+
 def _measure_rank(ctx, repeats: int) -> dict:
-    """On each rank: matmul FLOP/s, copy bandwidth, seconds per tiny op."""
+    """On each rank: matmul FLOP/s, the bandwidth-bound ops' bytes/s, seconds per tiny op."""
     rates = []
     for m, k, n in MATMULS:
         a, b = torch.randn(m, k), torch.randn(k, n)
         rates.append(2 * m * k * n / _best(lambda a=a, b=b: torch.mm(a, b), repeats))
-    big = torch.empty(4 << 20)  # 16 MiB of float32: past the caches
-    out = torch.empty_like(big)
-    copy_s = _best(lambda: out.copy_(big), repeats)
     op_s = _best(_tiny_step(), repeats) / sample_ops(TINY)
-    return {"flops": sorted(rates)[len(rates) // 2], "bandwidth": 2 * big.numel() * 4 / copy_s,
-            "op_s": op_s}
+    return {"flops": sorted(rates)[len(rates) // 2],
+            "bandwidth": _bytes_per_second(_elementwise_work(), repeats), "op_s": op_s}
 
 
 @dataclass
@@ -111,6 +150,7 @@ class Calibration:
     cores: int = field(default_factory=_cores)
     # {engine: (s per parameter tensor, s per weight byte)} tp / fsdp add (engines.py)
     engine_overhead: dict = field(default_factory=dict)
+    sync_jitter: float = 0.0  # what meeting in collectives adds to compute (jitter.py)
 
     @property
     def core_share(self) -> float:
@@ -134,14 +174,16 @@ class Calibration:
                        op_overhead_s=self.op_overhead_s * share,
                        measured_links=dict(self.links),
                        engine_overhead_s=tuple((e, per_tensor * share) for e, (per_tensor, _)
-                                               in sorted(self.engine_overhead.items())))
+                                               in sorted(self.engine_overhead.items())),
+                       sync_jitter=self.sync_jitter)
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "matmul_flops": self.matmul_flops,
                 "memory_bandwidth": self.memory_bandwidth, "op_overhead_s": self.op_overhead_s,
                 "links": {k: v.to_dict() for k, v in self.links.items()},
                 "oversubscribed": self.oversubscribed, "cores": self.cores,
-                "engine_overhead": {e: list(v) for e, v in self.engine_overhead.items()}}
+                "engine_overhead": {e: list(v) for e, v in self.engine_overhead.items()},
+                "sync_jitter": self.sync_jitter}
 
 
 def _host_memory_per_rank(world_size: int) -> float:
@@ -164,14 +206,16 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
                         f"device='cpu')), not {type(cluster).__name__}: a labkit.plan.Cluster "
                         f"names hardware to project on, it has no ranks to time")
     per_rank = cluster.run(_measure_rank, repeats)
-    links, engines = {}, {}
+    links, engines, jitter = {}, {}, 0.0
     if cluster.world_size > 1:
         sweep = time_collectives(cluster, kinds, sizes_bytes, max(repeats, COLLECTIVE_ROUNDS))
         links = sweep.fits()
         engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
+        if cluster.world_size <= _cores():  # ranks over cores: core_share (jitter.py)
+            jitter = fit_jitter(cluster.run(measure_jitter, repeats))
     capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
     return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
                        min(r["bandwidth"] for r in per_rank),
                        max(r["op_s"] for r in per_rank), float(capacity), links,
                        bool(getattr(cluster, "oversubscribed", False)),
-                       engine_overhead=engines)
+                       engine_overhead=engines, sync_jitter=jitter)

@@ -136,7 +136,7 @@ def traced_sample_counts(model_config) -> SampleCounts:
                         lookups.lookup, lookups.table, params, lookups.other)
 
 
-class _OpBytes(TorchDispatchMode):
+class OpBytes(TorchDispatchMode):
     """Counts the non-view ops and the bytes they read and write (tensor arguments and
     results)."""
 
@@ -169,7 +169,7 @@ def optimizer_counts(optimizer: str) -> tuple[float, float]:
     for p in params:
         p.grad = torch.ones_like(p)
     step.step()
-    counter = _OpBytes()
+    counter = OpBytes()
     with counter:
         step.step()
     weight_bytes = sum(p.numel() * p.element_size() for p in params)

@@ -204,6 +204,9 @@ class Cluster:
     # on GPUs, where no such figure is measured (kernels queue ahead of the device)
     engine_overhead_s: tuple = ()
     custom_node: bool = False
+    # what meeting in collectives adds to a multi-rank step's compute, as a fraction of it
+    # (measured on this machine: labkit/plan/jitter.py); 0 on GPUs
+    sync_jitter: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "gpu", gpu(self.gpu))

@@ -60,6 +60,8 @@ ASSUMPTIONS = (
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
+    "on this machine only: ranks that meet in collectives wait for the slowest one, a "
+    "measured fraction of compute (labkit.plan.jitter; 0 on GPUs and on ranks over cores)",
     "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
     "bound; ring attention sends the next block while it computes the current one)",
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
@@ -246,6 +248,8 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
                   if cluster.op_overhead_s else 0.0)  # GPUs: 0, and no op count to trace
                + engine_overhead_s(model_config, layout, lever, cluster))
+    if layout.size > 1:  # this machine: each meeting waits for the slowest rank (jitter.py)
+        compute *= 1 + cluster.sync_jitter
     busy, links, critical = {}, {}, {}
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)

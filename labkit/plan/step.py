@@ -37,6 +37,7 @@ from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sampl
 from labkit.plan.cp_ep import cp_ep_comm, ep_local_params
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's default: 1 MiB)
 
 
 @dataclass(frozen=True)
@@ -242,10 +243,17 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
     elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
-        out[("dp", "all_reduce")] = (max(1, math.ceil(grads / DDP_BUCKET_BYTES)), grads)
+        out[("dp", "all_reduce")] = (ddp_buckets(grads), grads)
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """AllReduces DDP issues per step for ``grad_bytes`` of gradients: a small first bucket
+    (the last layers' gradients, ready first, sent early), then buckets of bucket_cap_mb."""
+    rest = max(0.0, grad_bytes - DDP_FIRST_BUCKET_BYTES)
+    return 1 + math.ceil(rest / DDP_BUCKET_BYTES)
 
 
 def _block_share(model_config, layout: Layout, local: float) -> float:
