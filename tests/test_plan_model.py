@@ -332,3 +332,26 @@ def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only
         plan.project(_GPT, Layout(), dataclasses.replace(calm, world_size=1).cluster(),
                      global_batch=16, precision="fp32").compute_s)
     assert plan.Cluster("H100").sync_jitter == 0.0
+
+
+def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
+    """``calibrate`` measures tp's overhead with ``Layout(tp=ranks)`` on the probe's tiny
+    decoder: its heads must divide by every rank count (3 ranks on 4 heads died deep in the
+    build: "shape '[3, 3, -1]' is invalid"), with the same parameter tensors, and the fit must
+    use the weight bytes of the decoder the ranks measured."""
+    from labkit.layout.rules import check_run
+    from labkit.plan.engines import WIDTHS, fit_overhead, param_tensors, tiny, weight_bytes
+    from labkit.train.config import TrainConfig
+
+    for ranks in range(1, 9):
+        for width in WIDTHS:
+            config = tiny(width, ranks)
+            check_run(TrainConfig(model=config, layout=Layout(tp=ranks), global_batch=ranks,
+                                  precision="fp32"), Layout(tp=ranks), ranks)
+            assert param_tensors(config) == param_tensors(tiny(width))
+    assert tiny(16, 2) == tiny(16)  # 1, 2 and 4 ranks measure what they did before
+    sizes = {w: weight_bytes(w, 3) for w in WIDTHS}
+    extra = {e: {w: 1e-3 + 1e-9 * sizes[w] for w in WIDTHS} for e in ("tp", "fsdp")}
+    rank = {"tensors": param_tensors(tiny(16, 3)), "extra": extra, "weight_bytes": sizes}
+    per_tensor, per_byte = fit_overhead([rank])["tp"]
+    assert per_byte == pytest.approx(1e-9) and per_tensor == pytest.approx(1e-3 / rank["tensors"])

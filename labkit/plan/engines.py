@@ -41,9 +41,14 @@ WIDTHS = (16, 64)
 ENGINES = ("tp", "fsdp")
 
 
-def tiny(width: int) -> GPTConfig:
-    """A decoder whose step is the framework's work, not arithmetic (d_model = ``width``)."""
-    return GPTConfig(vocab_size=32, seq_len=8, d_model=width, n_heads=4, n_layers=2)
+def tiny(width: int, ranks: int = 1) -> GPTConfig:
+    """A decoder whose step is the framework's work, not arithmetic (d_model about ``width``),
+    splittable by tp over ``ranks``: 4 heads when ``ranks`` divides 4, else ``ranks`` heads
+    (tp needs heads % tp == 0; 3 ranks on 4 heads failed deep in the build), d_model rounded
+    up to a multiple of the heads. The parameter tensors are the same whatever the heads."""
+    heads = 4 if 4 % ranks == 0 else ranks
+    return GPTConfig(vocab_size=32, seq_len=8, d_model=-(-width // heads) * heads,
+                     n_heads=heads, n_layers=2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -101,11 +106,11 @@ def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
     """On each rank: {engine: {width: extra CPU seconds per step over plain}} and the
     parameter tensors of the tiny model (the same at every width)."""
     repeats = max(repeats, 5)  # a few ms each: the median of 5 costs nothing
-    out = {"tensors": param_tensors(tiny(WIDTHS[0])), "extra": {e: {} for e in ENGINES},
-           "plain": {}}
     n = ctx.world_size
+    out = {"tensors": param_tensors(tiny(WIDTHS[0], n)), "extra": {e: {} for e in ENGINES},
+           "plain": {}, "weight_bytes": {w: weight_bytes(w, n) for w in WIDTHS}}
     for width in WIDTHS:
-        config = tiny(width)
+        config = tiny(width, n)
         plain = _cpu_median(_plain_step(config, 1), repeats)
         out["plain"][width] = plain
         for engine in ENGINES:
@@ -115,21 +120,23 @@ def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
     return out
 
 
-def weight_bytes(width: int) -> int:
-    return sum(p.numel() * 4 for p in build_model(tiny(width), device="meta").parameters())
+def weight_bytes(width: int, ranks: int = 1) -> int:
+    return sum(p.numel() * 4 for p in build_model(tiny(width, ranks),
+                                                   device="meta").parameters())
 
 
 def fit_overhead(per_rank: list[dict]) -> dict:
     """{engine: (seconds per parameter tensor, seconds per weight byte)} from the slowest
     rank's extras at the two widths; each at least 0 (an engine never makes a step cheaper)."""
     small, large = WIDTHS
-    db = weight_bytes(large) - weight_bytes(small)
+    sizes = per_rank[0].get("weight_bytes") or {w: weight_bytes(w) for w in WIDTHS}
+    db = sizes[large] - sizes[small]
     tensors = per_rank[0]["tensors"]
     fitted = {}
     for engine in ENGINES:
         lo = max(r["extra"][engine][small] for r in per_rank)
         hi = max(r["extra"][engine][large] for r in per_rank)
         per_byte = max(0.0, (hi - lo) / db)
-        per_tensor = max(0.0, (lo - per_byte * weight_bytes(small)) / tensors)
+        per_tensor = max(0.0, (lo - per_byte * sizes[small]) / tensors)
         fitted[engine] = (per_tensor, per_byte)
     return fitted
