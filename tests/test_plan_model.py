@@ -318,6 +318,10 @@ def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only
             {"bare_s": 0.01, "segmented_s": 0.13, "compute_s": 0.11}]
     assert fit_jitter(rows) == pytest.approx(0.2)
     assert fit_jitter([{**rows[0], "segmented_s": 0.05}]) == 0.0  # never negative
+    # a rank that waited 20 ms for a core in the segmented round explains that extra: it is
+    # the load's (checkrun applies it), not the meeting's
+    loaded = [{**rows[0], "queued_segmented_s": 0.02}, {**rows[1], "queued_segmented_s": 0.0}]
+    assert fit_jitter(loaded) == pytest.approx(0.0, abs=1e-12)
     links = {"all_reduce": AlphaBeta("all_reduce", 2, 4e-4, 1e9)}
     calm = Calibration(2, 1e11, 1e10, 2e-5, 1e9, links, cores=2)
     jumpy = dataclasses.replace(calm, sync_jitter=0.25)
