@@ -17,8 +17,9 @@ cluster's multi-rank step compute x (1 + sync_jitter). It is measured on matmuls
 messages, not on the runs the bench compares. GPUs get 0: not measured (kernels queue ahead
 of the device, and their times vary far less). Neither do ranks that outnumber the cores:
 there a rank that waits in a collective hands its core to another rank, so the waits are
-absorbed by the turn-taking that ``Calibration.core_share`` models (the probe on 4 ranks of
-2 cores measures mostly that turn-taking: 0.4-0.5, against 0.14-0.22 on 2 ranks).
+absorbed by the turn-taking that ``Calibration.core_share`` models (the probe in wall time
+on 4 ranks of 2 cores read mostly that turn-taking: 0.4-0.5, against 0.14-0.22 on 2 ranks;
+with the load taken out, 2 ranks read 0.03-0.17 on a quiet machine).
 
 One number for a rhythm that varies: the fraction falls as the segments between meetings
 grow (a review measured 0.9 at one matmul a segment, 0.3 at four, 0.15 at sixteen), and it is
