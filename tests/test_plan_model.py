@@ -359,3 +359,20 @@ def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
     rank = {"tensors": param_tensors(tiny(16, 3)), "extra": extra, "weight_bytes": sizes}
     per_tensor, per_byte = fit_overhead([rank])["tp"]
     assert per_byte == pytest.approx(1e-9) and per_tensor == pytest.approx(1e-3 / rank["tensors"])
+
+
+def test_search_takes_the_optimizer_and_refuses_an_unknown_one_before_any_work():
+    """``search(..., optimizer=)``: every candidate is costed with it (SGD keeps no moments:
+    less memory per GPU than Adam); None is Adam (SGD for a recommender); a name it does not
+    know is refused before the search starts."""
+    from labkit.models import GPT_7B
+
+    node = plan.Cluster("H100", nodes=1)
+    adam = plan.search(GPT_7B, node, global_batch=64)
+    sgd = plan.search(GPT_7B, node, global_batch=64, optimizer="sgd")
+    assert {p.lever.optimizer for p in adam.fits} == {"adam"}
+    assert {p.lever.optimizer for p in sgd.fits} == {"sgd"}
+    assert len(sgd.fits) >= len(adam.fits)
+    assert min(p.peak_bytes for p in sgd.fits) < min(p.peak_bytes for p in adam.fits)
+    with pytest.raises(plan.PlanError, match="optimizer is one of"):
+        plan.search(GPT_7B, node, global_batch=64, optimizer="lion")

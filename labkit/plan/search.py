@@ -69,16 +69,20 @@ def _data_splits(data: int, per_node: int) -> list[tuple[int, int]]:
 
 
 def candidates(model_config, cluster: Cluster, global_batch: int,
-               precisions=("bf16", "mixed"), checkpointing=(False, True), cp=(1,)):
+               precisions=("bf16", "mixed"), checkpointing=(False, True), cp=(1,),
+               optimizer: str | None = None):
     """Every (layout, lever) the search tries: tp x pp x data layouts; with ``cp`` degrees
     above 1, ring-attention layouts (dp or fsdp x cp); for a mixture of experts, experts over
-    the dp ranks (ep = dp)."""
+    the dp ranks (ep = dp). ``optimizer``: None is the family's usual one (Adam; SGD for a
+    recommender, whose tables production trains with plain or sparse SGD)."""
     world, heads_limit = cluster.world_size, cluster.gpus_per_node
     if is_recommender(model_config):
-        yield from _recommender_candidates(cluster, global_batch, precisions)
+        yield from _recommender_candidates(cluster, global_batch, precisions,
+                                           optimizer or "sgd")
         return
+    optimizer = optimizer or "adam"
     yield from _cp_ep_candidates(model_config, cluster, global_batch, precisions,
-                                 checkpointing, cp)
+                                 checkpointing, cp, optimizer)
     layers = getattr(model_config, "n_layers", 1)
     for tp in _powers_of_two(min(world, heads_limit)):
         for pp in _powers_of_two(world // tp):
@@ -93,10 +97,12 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
                             layout = Layout(dp=dp, fsdp=fsdp, tp=tp, pp=pp,
                                             schedule="1f1b" if pp > 1 else None,
                                             dp_kind="fsdp" if fsdp > 1 else None)
-                            yield layout, Lever(global_batch, micro, precision, ckpt)
+                            yield layout, Lever(global_batch, micro, precision, ckpt,
+                                                optimizer)
 
 
-def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpointing, cp):
+def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpointing, cp,
+                      optimizer: str = "adam"):
     """Layouts with cp > 1 (with dp or fsdp) and, for a mixture of experts, ep = dp."""
     from labkit.plan.cp_ep import is_moe
 
@@ -109,10 +115,11 @@ def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpoin
     for layout in layouts:
         for micro in _micro_batches(global_batch, layout.data_size, 1):
             for precision, ckpt in levers:
-                yield layout, Lever(global_batch, micro, precision, ckpt)
+                yield layout, Lever(global_batch, micro, precision, ckpt, optimizer)
 
 
-def _recommender_candidates(cluster: Cluster, global_batch: int, precisions):
+def _recommender_candidates(cluster: Cluster, global_batch: int, precisions,
+                            optimizer: str = "sgd"):
     """A recommender's layouts: replicas, FSDP, and tables placed whole or split by rows over
     all GPUs or inside each node (replicated across nodes: the hybrid used in production)."""
     world, node = cluster.world_size, cluster.gpus_per_node
@@ -123,7 +130,7 @@ def _recommender_candidates(cluster: Cluster, global_batch: int, precisions):
             layouts.append(Layout(dp=world // node, fsdp=node, tables=tables))
     for layout in layouts:
         for precision in precisions:
-            yield layout, Lever(global_batch, 1, precision, False, "sgd")
+            yield layout, Lever(global_batch, 1, precision, False, optimizer)
 
 
 def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
@@ -137,18 +144,20 @@ def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
 
 
 def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
-           checkpointing=(False, True), cp=(1,)) -> SearchResult:
+           checkpointing=(False, True), cp=(1,), optimizer: str | None = None
+           ) -> SearchResult:
     """Project every candidate layout; return those that fit, fastest first. ``cp``: the
-    context-parallel degrees to try besides 1 (long sequences), e.g. (1, 2, 4, 8)."""
+    context-parallel degrees to try besides 1 (long sequences), e.g. (1, 2, 4, 8).
+    ``optimizer`` ("adam", "adamw", "sgd"): None is Adam (SGD for a recommender)."""
     if precisions is None:
         precisions = ("fp32",) if cluster.gpu.measured else ("bf16", "mixed")
     for precision in precisions:  # refuse a bad batch once, not once per candidate
-        check_lever(Lever(global_batch, 1, precision))
+        check_lever(Lever(global_batch, 1, precision, optimizer=optimizer or "adam"))
     start = time.perf_counter()
     fits, rejected, leanest = [], [], None
     measured = cluster.gpu.measured
     for layout, lever in candidates(model_config, cluster, global_batch, precisions,
-                                    checkpointing, cp):
+                                    checkpointing, cp, optimizer):
         label = (f"{layout} m={lever.micro_batches} {lever.precision}"
                  f"{' ckpt' if lever.activation_checkpointing else ''}")
         try:
