@@ -376,3 +376,16 @@ def test_search_takes_the_optimizer_and_refuses_an_unknown_one_before_any_work()
     assert min(p.peak_bytes for p in sgd.fits) < min(p.peak_bytes for p in adam.fits)
     with pytest.raises(plan.PlanError, match="optimizer is one of"):
         plan.search(GPT_7B, node, global_batch=64, optimizer="lion")
+
+
+def test_calibrate_times_a_capped_cluster_and_reports_its_cap():
+    """The probes time the machine, not a virtual GPU's budget: under a lesson's small cap
+    they ran out of it (a DeviceOOM about batch sizes); now the cap is lifted while they run,
+    put back after, and reported as the calibration's memory."""
+    import labkit
+
+    with labkit.Cluster(1, device="cpu", memory_per_device="8MiB", progress=False) as cluster:
+        calibration = plan.calibrate(cluster, repeats=2)
+        assert cluster.memory_per_device == 8 * 2**20
+        assert calibration.memory_bytes == 8 * 2**20
+        assert calibration.matmul_flops > 0 and calibration.memory_bandwidth > 0

@@ -205,15 +205,23 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
         raise TypeError(f"calibrate() measures the ranks of a labkit.Cluster (labkit.Cluster(2, "
                         f"device='cpu')), not {type(cluster).__name__}: a labkit.plan.Cluster "
                         f"names hardware to project on, it has no ranks to time")
-    per_rank = cluster.run(_measure_rank, repeats)
-    links, engines, jitter = {}, {}, 0.0
-    if cluster.world_size > 1:
-        sweep = time_collectives(cluster, kinds, sizes_bytes, max(repeats, COLLECTIVE_ROUNDS))
-        links = sweep.fits()
-        engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
-        if cluster.world_size <= _cores():  # ranks over cores: core_share (jitter.py)
-            jitter = fit_jitter(cluster.run(measure_jitter, repeats))
-    capacity = cluster.memory_per_device or _host_memory_per_rank(cluster.world_size)
+    cap = cluster.memory_per_device
+    # the probes time the machine, not a virtual GPU's budget: a small cap (a lesson's 8 MiB)
+    # would stop them with a DeviceOOM about batch sizes; the cap is the memory reported
+    cluster.memory_per_device = None
+    try:
+        per_rank = cluster.run(_measure_rank, repeats)
+        links, engines, jitter = {}, {}, 0.0
+        if cluster.world_size > 1:
+            sweep = time_collectives(cluster, kinds, sizes_bytes,
+                                     max(repeats, COLLECTIVE_ROUNDS))
+            links = sweep.fits()
+            engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
+            if cluster.world_size <= _cores():  # ranks over cores: core_share (jitter.py)
+                jitter = fit_jitter(cluster.run(measure_jitter, repeats))
+    finally:
+        cluster.memory_per_device = cap
+    capacity = cap or _host_memory_per_rank(cluster.world_size)
     return Calibration(cluster.world_size, min(r["flops"] for r in per_rank),
                        min(r["bandwidth"] for r in per_rank),
                        max(r["op_s"] for r in per_rank), float(capacity), links,
