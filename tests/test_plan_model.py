@@ -188,7 +188,8 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
     pays it only for the engines its layout uses."""
     from labkit.plan.calibrate import Calibration
     from labkit.plan.checkrun import _GPT
-    from labkit.plan.engines import fit_overhead, measure_engine_overhead, param_tensors
+    from labkit.plan.counts import param_tensors
+    from labkit.plan.engines import fit_overhead, measure_engine_overhead
 
     fitted = fit_overhead(two.run(measure_engine_overhead, 3))
     assert set(fitted) == {"tp", "fsdp"}
@@ -344,7 +345,8 @@ def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
     build: "shape '[3, 3, -1]' is invalid"), with the same parameter tensors, and the fit must
     use the weight bytes of the decoder the ranks measured."""
     from labkit.layout.rules import check_run
-    from labkit.plan.engines import WIDTHS, fit_overhead, param_tensors, tiny, weight_bytes
+    from labkit.plan.counts import param_tensors
+    from labkit.plan.engines import WIDTHS, fit_overhead, tiny, weight_bytes
     from labkit.train.config import TrainConfig
 
     for ranks in range(1, 9):

@@ -30,8 +30,6 @@ matmuls were measured), for ``project`` and ``search`` like any named cluster.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +37,7 @@ import torch
 from labkit.comm.timing import time_collectives
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
 from labkit.plan.counts import OpBytes
-from labkit.plan.engines import fit_overhead, measure_engine_overhead
+from labkit.plan.engines import cpu_median, fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU, Cluster
 from labkit.plan.jitter import fit_jitter, measure_jitter
 from labkit.plan.project import sample_ops
@@ -59,14 +57,9 @@ MATMULS = ((1024, 128, 512), (1024, 512, 128), (256, 1024, 1024))  # (rows, inne
 def _best(fn, repeats: int) -> float:
     """The median of ``repeats`` timings (after a warm-up), in this process's CPU time: what
     the work costs a core, whatever else shares the machine (other programs, the other ranks);
-    ``Calibration.cluster`` then shares the cores among the ranks explicitly."""
-    fn()  # warm-up: the allocator's first blocks, the kernels' first dispatch
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        times.append(max(time.process_time() - start, 1e-9))
-    return statistics.median(times)
+    ``Calibration.cluster`` then shares the cores among the ranks explicitly. One warm-up:
+    the allocator's first blocks, the kernels' first dispatch; never 0 (it divides)."""
+    return max(cpu_median(fn, repeats, warmups=1), 1e-9)
 
 
 def _cores() -> int:

@@ -226,16 +226,22 @@ class _CountFusedAttention(TorchFunctionMode):
 
 
 @functools.lru_cache(maxsize=64)
-def forward_backward_ops(model_config) -> tuple[int, int]:
-    """(ops one sample's forward + backward dispatches on a real device, parameter tensors),
-    counted on meta tensors; attention counted as the fused kernel a device runs
-    (``_FusedAttention``), not meta's math path."""
+def forward_backward_ops(model_config) -> int:
+    """Ops one sample's forward + backward dispatches on a real device, counted on meta
+    tensors; attention counted as the fused kernel a device runs (``_FusedAttention``), not
+    meta's math path."""
     model = build_model(model_config, device="meta")
     inputs, targets = example_batch(model_config, 1, device="meta")
     counter = _OpCount()
     with _CountFusedAttention(counter), counter:
         loss_fn(model_config)(model(inputs), targets).backward()
-    return counter.n, len(list(model.parameters()))
+    return counter.n
+
+
+@functools.lru_cache(maxsize=64)
+def param_tensors(model_config) -> int:
+    """Parameter tensors of the whole model (counted on meta tensors)."""
+    return len(list(build_model(model_config, device="meta").parameters()))
 
 
 def _is_view(func) -> bool:

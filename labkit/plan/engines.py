@@ -27,7 +27,6 @@ rather than per tensor (an MLP's few large layers) is charged by the same per-te
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 
@@ -35,6 +34,7 @@ import torch
 
 from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, build_model, example_batch, loss_fn
+from labkit.plan.counts import param_tensors
 
 # Two widths of one depth: the same tensors, weight bytes 1 : ~13.
 WIDTHS = (16, 64)
@@ -51,15 +51,11 @@ def tiny(width: int, ranks: int = 1) -> GPTConfig:
                      n_heads=heads, n_layers=2)
 
 
-@functools.lru_cache(maxsize=64)
-def param_tensors(model_config) -> int:
-    """Parameter tensors of the whole model (counted on meta tensors)."""
-    return len(list(build_model(model_config, device="meta").parameters()))
-
-
-def _cpu_median(step, repeats: int) -> float:
-    step()
-    step()  # warm-up: lazy state of the engines (FSDP's first all-gather, DTensor caches)
+def cpu_median(step, repeats: int, warmups: int = 2) -> float:
+    """The median of ``repeats`` timings of ``step`` after ``warmups`` untimed calls, in this
+    process's CPU time: what the work costs a core, whatever else shares the machine."""
+    for _ in range(warmups):
+        step()
     times = []
     for _ in range(repeats):
         start = time.process_time()
@@ -111,11 +107,12 @@ def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
            "plain": {}, "weight_bytes": {w: weight_bytes(w, n) for w in WIDTHS}}
     for width in WIDTHS:
         config = tiny(width, n)
-        plain = _cpu_median(_plain_step(config, 1), repeats)
+        # two warm-ups: the engines' lazy state (FSDP's first all-gather, DTensor caches)
+        plain = cpu_median(_plain_step(config, 1), repeats)
         out["plain"][width] = plain
         for engine in ENGINES:
             layout = Layout(tp=n) if engine == "tp" else Layout(fsdp=n)
-            timed = _cpu_median(_engine_step(ctx, config, layout, 1), repeats)
+            timed = cpu_median(_engine_step(ctx, config, layout, 1), repeats)
             out["extra"][engine][width] = timed - plain
     return out
 

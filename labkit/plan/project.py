@@ -31,6 +31,7 @@ from labkit.plan.counts import (
     is_decoder,
     is_recommender,
     optimizer_counts,
+    param_tensors,
     sample_counts,
 )
 from labkit.plan.hardware import Cluster
@@ -290,8 +291,6 @@ def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Clust
             if getattr(layout, engine, 1) > 1]
     if not used:
         return 0.0
-    from labkit.plan.engines import param_tensors
-
     return sum(used) * param_tensors(model_config) * lever.micro_batches / layout.pp
 
 
@@ -299,15 +298,15 @@ def _ops(model_config, layout: Layout, lever: Lever) -> float:
     """Kernel launches per step on a rank (for a fixed per-op cost): one sample's forward and
     backward per micro-batch, and the optimizer's ops once per step, on this rank's share of
     the layers."""
-    forward_backward, tensors = forward_backward_ops(model_config)
     per_tensor = optimizer_counts(lever.optimizer)[1]
-    return (forward_backward * lever.micro_batches + per_tensor * tensors) / layout.pp
+    return (forward_backward_ops(model_config) * lever.micro_batches
+            + per_tensor * param_tensors(model_config)) / layout.pp
 
 
 def sample_ops(model_config, optimizer: str = "adam") -> float:
     """Operators one sample's forward + backward and one optimizer step dispatch."""
-    forward_backward, tensors = forward_backward_ops(model_config)
-    return forward_backward + optimizer_counts(optimizer)[1] * tensors
+    return (forward_backward_ops(model_config)
+            + optimizer_counts(optimizer)[1] * param_tensors(model_config))
 
 
 __all__ = ["ASSUMPTIONS", "Projection", "compute_bytes", "engine_overhead_s", "is_recommender",
