@@ -32,6 +32,7 @@ from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, MLPConfig
 from labkit.plan.calibrate import Calibration, calibrate
 from labkit.plan.project import project
+from labkit.train.report import timed_steps
 
 # Classroom-sized runs of every engine: (name, model, layout, global batch, micro-batches)
 _GPT = GPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=4)
@@ -97,23 +98,13 @@ def compare(cluster, runs=None, steps: int = 6, quick: bool = False,
 RULES = ("step", "median", "slowest")
 
 
-def timed_steps(report) -> list[int]:
-    """The steps the report's median step is taken from (``TrainReport.split``): not the
-    first, and the untracked ones when there are any."""
-    records = report.ranks[0]["records"]
-    later = list(range(1, len(records))) or [0]
-    untracked = [s for s in later
-                 if not any(r["records"][s].get("memory_tracked") for r in report.ranks)]
-    return untracked or later
-
-
 def steady_steps(report) -> list[int]:
     """The timed steps past the warm-up: their later half, at least 3 (all of them when
     there are no more). A step on CPU ranks keeps getting faster for about five steps after
     the first (measured: a classroom GPT's steps 181, 137, 113, 104, 96, 92, 91, 88 ms: the
     allocator and the caches settling), and the projection is of the steady step, the one a
     long run is made of."""
-    timed = timed_steps(report)
+    timed = timed_steps(report.ranks)  # those TrainReport.split takes its median from
     keep = max(3, math.ceil(len(timed) / 2))
     return timed[-keep:]
 

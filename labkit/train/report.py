@@ -16,6 +16,15 @@ from labkit.step.record import StepRecord
 from labkit.train.config import TrainConfig
 
 
+def timed_steps(ranks: list[dict]) -> list[int]:
+    """The steps a run's step time is taken from: not the first (lazy set-up), and those run
+    without memory tracking when there are any (ranks track the same steps)."""
+    later = list(range(1, len(ranks[0]["records"]))) or [0]
+    untracked = [s for s in later
+                 if not any(r["records"][s].get("memory_tracked", False) for r in ranks)]
+    return untracked or later
+
+
 @dataclass
 class TrainReport:
     """A run: its config, where it ran, and every rank's records (``ranks[r]["records"]``:
@@ -84,10 +93,8 @@ class TrainReport:
         exposed communication; the parts add up to the step time. Steps run without memory
         tracking are used when there are any; the first step (lazy set-up) is left out."""
         slowest = [max(self.ranks, key=lambda r: r["records"][s]["step_s"])["records"][s]
-                   for s in range(self.steps)]
-        untracked = [r for r in slowest[1:] if not r.get("memory_tracked", False)]
-        timed = untracked or (slowest[1:] if len(slowest) > 1 else slowest)
-        timed = sorted(timed, key=lambda r: r["step_s"])
+                   for s in timed_steps(self.ranks)]
+        timed = sorted(slowest, key=lambda r: r["step_s"])
         median = timed[(len(timed) - 1) // 2]
         keys = ("step_s", "compute_s", "comm_s", "comm_busy_s", "forward_s", "backward_s",
                 "optimizer_s")
