@@ -44,7 +44,7 @@ def main() -> None:
     import nbformat
     import papermill
 
-    from tests.notebook_checks import NOTEBOOKS
+    from tests.lessons import SMOKE
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke sizes (the tests')")
@@ -54,7 +54,7 @@ def main() -> None:
     for path in sorted((REPO / "course").glob("*.ipynb")):
         if args.only and path.stem not in args.only:
             continue
-        parameters = dict(NOTEBOOKS[path.stem][0]) if args.quick else {}
+        parameters = {**SMOKE[path.stem], "interactive": False} if args.quick else {}
         error = None
         with tempfile.TemporaryDirectory() as tmp:
             start = time.monotonic()

@@ -1,17 +1,22 @@
-"""Values a notebook computed, written as JSON so that tests can check them."""
+"""Values a notebook computed, written as JSON so that tests can check the lesson's claims.
+
+Each notebook ends with a collapsed cell that calls ``record_results``; it writes nothing in a
+learner's session. The test suite starts the notebook's kernel with ``LABKIT_RESULTS`` set to
+a file's path (``tests/lessons.py``) and asserts each claim of the prose on what the notebook
+really computed.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 
+RESULTS_ENV = "LABKIT_RESULTS"
 
-def record_results(path: str | os.PathLike | None, **values) -> None:
-    """Write ``values`` to ``path`` as JSON (nothing is written when ``path`` is empty).
 
-    Notebooks end with this call; under papermill the test injects ``results_path`` and
-    asserts on what the notebook really computed.
-    """
+def record_results(**values) -> None:
+    """Write ``values`` as JSON to the file named by ``$LABKIT_RESULTS`` (unset: nothing)."""
+    path = os.environ.get(RESULTS_ENV)
     if path:
         with open(path, "w") as f:
             json.dump(values, f, indent=1, default=_plain)

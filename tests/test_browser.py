@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.notebook_checks import NOTEBOOKS
+from tests.lessons import SMOKE
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "artifacts" / "browser"
@@ -67,7 +67,7 @@ def _prepare_root(root: Path) -> None:
 
     shutil.copytree(REPO / "notebooks" / "quizzes", root / "quizzes")
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
-        parameters = {**NOTEBOOKS[path.stem][0], "interactive": True}
+        parameters = {**SMOKE[path.stem], "interactive": True}
         nb = parameterize_notebook(load_notebook_node(str(path)), parameters)
         nbformat.write(nb, root / path.name)
 
@@ -170,7 +170,7 @@ def _move_slider(page, label: str, key: str) -> float:
     pytest.fail(f"the plot did not redraw after moving '{label}'")
 
 
-@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+@pytest.mark.parametrize("name", sorted(SMOKE))
 def test_notebook_in_jupyterlab(lab, browser, name):
     url, token = lab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

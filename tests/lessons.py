@@ -1,0 +1,141 @@
+"""Execute a course notebook at its classroom defaults, once per test session, and read it back.
+
+Every lesson is run as a learner meets it: ``course/<stem>.ipynb`` (the reference solutions in)
+under papermill with **no parameter injected**, its kernel started with ``LABKIT_RESULTS``
+naming the file that the notebook's last, collapsed cell writes (``labkit.record_results``).
+Tests then assert the lesson's claims on those values:
+
+    @pytest.fixture(scope="module")
+    def nb():
+        return lesson("02_data_parallel")          # executed once, shared by every test file
+
+    def test_two_devices_cut_the_step_time(nb):
+        assert nb.results["ddp_speedup"] >= 1.5
+
+``SMOKE`` holds the small parameters of the real-browser test (tests/test_browser.py), which
+drives the learners' copies in JupyterLab and needs them quick.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.results import RESULTS_ENV
+
+REPO = Path(__file__).resolve().parent.parent
+COURSE = REPO / "course"
+STEMS = sorted(p.stem for p in COURSE.glob("*.ipynb"))
+CELL_TIMEOUT_S = 300
+_WORK = Path(tempfile.mkdtemp(prefix="labkit-lessons-"))
+
+
+@dataclass
+class Lesson:
+    """One executed lesson: its notebook (outputs in), its recorded values, its run time."""
+
+    stem: str
+    path: Path  # the executed notebook, kept for reading
+    notebook: nbformat.NotebookNode
+    results: dict
+    seconds: float
+
+    def cell(self, index: int):
+        return self.notebook.cells[index]
+
+    def cells_with(self, text: str) -> list[int]:
+        """Indices of the code cells whose source contains ``text``."""
+        return [i for i, c in enumerate(self.notebook.cells)
+                if c.cell_type == "code" and text in c.source]
+
+
+class LessonFailed(Exception):
+    pass
+
+
+def _failure_report(stem: str, executed: Path, error) -> str:
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    tail = "\n".join(ansi.sub("", line) for line in error.traceback[-12:])
+    return (f"{stem} failed in cell {error.exec_count}: {error.ename}: {error.evalue}\n"
+            f"--- cell source ---\n{error.source}\n--- traceback (end) ---\n{tail}\n"
+            f"executed notebook kept at {executed}")
+
+
+@functools.cache
+def _execute(stem: str) -> Lesson | str:
+    import papermill
+
+    source = COURSE / f"{stem}.ipynb"
+    if not source.exists():
+        return f"no notebook course/{stem}.ipynb"
+    executed, results = _WORK / f"{stem}.ipynb", _WORK / f"{stem}.json"
+    results.unlink(missing_ok=True)
+    before = os.environ.get(RESULTS_ENV)
+    os.environ[RESULTS_ENV] = str(results)  # the kernel papermill starts inherits it
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(str(source), str(executed), kernel_name="python3",
+                                   cwd=str(COURSE), execution_timeout=CELL_TIMEOUT_S,
+                                   progress_bar=False)
+    except papermill.PapermillExecutionError as error:
+        return _failure_report(stem, executed, error)
+    finally:
+        if before is None:
+            os.environ.pop(RESULTS_ENV, None)
+        else:
+            os.environ[RESULTS_ENV] = before
+    seconds = time.perf_counter() - start
+    if not results.exists():
+        return f"{stem} ran but recorded no results (its labkit.record_results cell)"
+    return Lesson(stem, executed, nbformat.read(executed, as_version=4),
+                  json.loads(results.read_text()), seconds)
+
+
+def lesson(stem: str) -> Lesson:
+    """``course/<stem>.ipynb`` executed at its classroom defaults (once per session); a test
+    that asks for a lesson that failed fails with the lesson's error."""
+    outcome = _execute(stem)
+    if isinstance(outcome, str):
+        pytest.fail(outcome, pytrace=False)
+    return outcome
+
+
+# The real-browser test's parameters: small, so that "Run All" in JupyterLab is quick.
+SMOKE = {
+    "00_your_cluster": {"world_size": 2, "device": "cpu", "all_reduce_mib": [0.25, 1]},
+    "01_the_memory_wall": {"sizes": [2e5, 5e5, 2e6], "size": 2e5, "big_models": ["7B"],
+                           "boundary_world_sizes": [1, 2], "boundary_levers": ["bf16"]},
+    "02_data_parallel": {"world_size": 2, "params": 5e5, "global_batch": 64, "steps": 3,
+                         "sizes": [5e5], "world_sizes": [1, 2], "bucket_caps": [0.25, 25],
+                         "comm_sizes_kib": [16, 256, 4096]},
+    "03_pipeline_parallel": {"d_hidden": 512, "n_layers": 4, "global_batch": 256,
+                             "memory_per_device": "8MiB", "micro_batches": 4,
+                             "stage_options": [2], "micro_options": [1, 4], "steps": 2},
+    "04_tensor_parallel": {"d_hidden": 512, "n_layers": 4, "global_batch": 64,
+                           "memory_per_device": "8MiB", "world_size": 2, "steps": 3,
+                           "degree_options": [1, 2], "batches": [32, 256, 1024]},
+    "05_sharded_data_parallel": {"d_hidden": 512, "n_layers": 6, "global_batch": 32,
+                                 "steps": 3, "world_sizes": [1, 2],
+                                 "boundary_sizes": [2e5, 6e5, 1.5e6]},
+    "06_recommender_at_scale": {"world_size": 2, "rows_per_table": 4000,
+                                "memory_per_device": "6MiB", "global_batch": 256, "steps": 20,
+                                "epoch_samples": 100_000, "rows_options": [2000, 4000],
+                                "gpu_options": [1, 2]},
+    "07_putting_it_together": {"world_size": 4, "d_hidden": 512, "n_layers": 4,
+                               "global_batch": 64, "memory_per_device": "8MiB", "steps": 3},
+    "08_long_sequences_and_experts": {"seq_options": [256, 512], "memory_per_device": "4MiB",
+                                      "capacity_factors": [0.5, 2.0], "moe_steps": 3},
+    "09_plan_a_real_run": {"world_size": 2, "steps": 3, "calibration_runs": 3,
+                           "decoders": ["7B"]},
+    "10_when_a_gpu_dies": {"world_size": 2, "d_hidden": 64, "n_layers": 3, "global_batch": 16,
+                           "steps": 8, "checkpoint_every": 3, "kill_at_step": 5},
+}
