@@ -12,8 +12,10 @@ not start them by default.
 from __future__ import annotations
 
 import html
+import warnings
 from dataclasses import dataclass
 
+from labkit.cluster.cluster import Cluster, OversubscriptionWarning
 from labkit.cluster.hardware import gpu_count, physical_cores
 
 
@@ -49,7 +51,9 @@ class MachineFit:
             return f"{self.wanted} ranks, one per GPU."
         if self.world_size == self.wanted:
             if self.wanted > self.cores:
-                return (f"{self.wanted} ranks as asked (oversubscribe=True) on {self.cores} "
+                asked = ("as asked (oversubscribe=True)" if self.oversubscribe
+                         else "(the fewest this lesson needs)")
+                return (f"{self.wanted} ranks {asked} on {self.cores} "
                         "physical cores: ranks share cores, so their times are not those of "
                         "separate devices (results say 'oversubscribed').")
             return (f"{self.wanted} rank{'s' * (self.wanted > 1)}, one per physical core "
@@ -68,6 +72,13 @@ class MachineFit:
 
     def __repr__(self) -> str:
         return f"MachineFit(world_size={self.world_size}): {self.why}"
+
+    def cluster(self, **options):
+        """A ``Cluster`` of ``world_size`` ranks (``options``: Cluster's); its warning that
+        ranks share cores is not repeated, since this fit's display says so."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscriptionWarning)
+            return Cluster(self.world_size, **options)
 
 
 def fit_to_machine(wanted: int, offered=(), oversubscribe: bool = False,
