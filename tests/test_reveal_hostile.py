@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import nbformat
 import torch
 import torch.distributed as dist
 
 import labkit
 from labkit.check.hints import HINTS
+from labkit.check.solutions import GRADING_ENV
+from labkit.classroom.grade import grade_submission
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,3 +46,18 @@ def test_the_ring_hint_followed_to_the_letter_passes(two):
 
     result = labkit.check.ring_all_reduce(two, ring)
     assert result.passed, str(result)
+
+
+def test_the_grader_does_not_reveal(tmp_path, monkeypatch):
+    """An answer cell that runs the revealed reference solution earns nothing when graded."""
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import labkit\nshown = labkit.check.reveal('average_gradients')\n"
+        "assert not shown.code, 'the grader revealed the solution'"))
+    nbformat.write(nb, tmp_path / "cheat.ipynb")
+    result = grade_submission(tmp_path / "cheat.ipynb", REPO / "notebooks" / "quizzes",
+                              timeout=120, cell_timeout=60)
+    assert result.status == "graded", result.detail
