@@ -13,8 +13,9 @@ import torch.distributed as dist
 
 import labkit
 from labkit.check.hints import HINTS
-from labkit.check.solutions import GRADING_ENV
+from labkit.check.solutions import GRADING_ENV, grading, reveal, solutions
 from labkit.classroom.grade import grade_submission
+from labkit.classroom.release import release
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,6 +47,63 @@ def test_the_ring_hint_followed_to_the_letter_passes(two):
 
     result = labkit.check.ring_all_reduce(two, ring)
     assert result.passed, str(result)
+
+
+def test_a_handout_released_without_solutions_reveals_nothing(tmp_path, monkeypatch):
+    """The documented graded release: labkit installed from the repository (editable), whose
+    notebooks/solutions hold every answer, must not be where reveal finds them."""
+    handout = tmp_path / "handout"
+    release(REPO / "course", handout, solutions=False)
+    monkeypatch.chdir(handout)
+    shown = reveal("ring_all_reduce")
+    assert not shown.code and "without solutions" in str(shown)
+    assert solutions() == {}
+    assert release(REPO / "course", handout, check=True, solutions=False) == ([], [])
+    release(REPO / "course", handout)  # with solutions again: the marker goes
+    assert reveal("ring_all_reduce").code
+    assert release(REPO / "course", handout, check=True) == ([], [])
+
+
+def test_a_solutions_file_without_a_notebook_is_stale(tmp_path):
+    release(REPO / "course", tmp_path)
+    orphan = tmp_path / "solutions" / "99_deleted_lesson.json"
+    orphan.write_text('{"old_exercise": "def old_exercise(): pass\\n"}\n')
+    changed, stale = release(REPO / "course", tmp_path, check=True)
+    assert changed == [] and stale == [orphan]
+    assert orphan in release(REPO / "course", tmp_path, solutions=False)[1]
+
+
+def test_labkit_grading_off_values(monkeypatch):
+    for value, on in (("1", True), ("yes", True), ("0", False), ("", False),
+                      ("false", False), (" Off ", False)):
+        monkeypatch.setenv(GRADING_ENV, value)
+        assert grading() is on, value
+        assert bool(reveal("average_gradients").code) is not on, value
+
+
+def test_odd_arguments_give_a_sentence(monkeypatch):
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    for odd in (["ring_all_reduce"], {"a": 1}, None, 3):
+        shown = reveal(odd)
+        assert not shown.code and str(shown)
+
+    def ring_all_reduce(ctx, tensor):  # the learner's own function, passed as it is
+        return tensor
+
+    assert "def ring_all_reduce" in reveal(ring_all_reduce).code
+
+
+def test_broken_solution_files_are_named_not_raised(tmp_path, monkeypatch):
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    (folder / "broken.json").write_text("{not json")
+    (folder / "list.json").write_text("[1, 2]")
+    monkeypatch.chdir(tmp_path)
+    shown = reveal("ring_all_reduce")
+    assert not shown.code and "broken.json" in str(shown) and "list.json" in str(shown)
+    (folder / "good.json").write_text('{"ring_all_reduce": "def ring_all_reduce(): ...\\n"}')
+    assert reveal("ring_all_reduce").code == "def ring_all_reduce(): ...\n"
 
 
 def test_the_grader_does_not_reveal(tmp_path, monkeypatch):
