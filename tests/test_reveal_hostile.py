@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import labkit
 from labkit.check.hints import HINTS
+from labkit.check.result import failed
 from labkit.check.solutions import GRADING_ENV, grading, reveal, solutions
 from labkit.classroom.grade import grade_submission
 from labkit.classroom.release import release
@@ -104,6 +105,18 @@ def test_broken_solution_files_are_named_not_raised(tmp_path, monkeypatch):
     assert not shown.code and "broken.json" in str(shown) and "list.json" in str(shown)
     (folder / "good.json").write_text('{"ring_all_reduce": "def ring_all_reduce(): ...\\n"}')
     assert reveal("ring_all_reduce").code == "def ring_all_reduce(): ...\n"
+
+
+def test_a_failed_check_offers_reveal_only_when_it_shows_something(tmp_path, monkeypatch):
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    assert "labkit.check.reveal" in str(failed("zero1", "wrong"))
+    monkeypatch.setenv(GRADING_ENV, "1")
+    text = str(failed("zero1", "wrong"))
+    assert "Hint:" in text and "reveal" not in text
+    monkeypatch.delenv(GRADING_ENV)
+    release(REPO / "course", tmp_path, solutions=False)
+    monkeypatch.chdir(tmp_path)
+    assert "reveal" not in str(failed("zero1", "wrong"))
 
 
 def test_the_grader_does_not_reveal(tmp_path, monkeypatch):
