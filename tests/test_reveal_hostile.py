@@ -132,3 +132,9 @@ def test_the_grader_does_not_reveal(tmp_path, monkeypatch):
     result = grade_submission(tmp_path / "cheat.ipynb", REPO / "notebooks" / "quizzes",
                               timeout=120, cell_timeout=60)
     assert result.status == "graded", result.detail
+
+
+def test_a_console_shows_the_code_not_its_escapes(monkeypatch):
+    monkeypatch.delenv(GRADING_ENV, raising=False)
+    shown = reveal("average_gradients")
+    assert repr(shown) == str(shown) and "\n    for param in model.parameters():" in repr(shown)

@@ -4,8 +4,9 @@
 
 ``python -m labkit release`` writes the course's solutions beside the learners' notebooks
 (``solutions/<notebook>.json``); an instructor who grades the exercises releases without them
-(``--no-solutions``), and while a notebook is graded (``LABKIT_GRADING`` set) ``reveal`` shows
-nothing. Your own function stays what the checks run: revealing grades nothing.
+(``--no-solutions``, which leaves ``solutions/NONE.txt`` where reveal stops looking), and while
+a notebook is graded (``LABKIT_GRADING`` set, not "0"; ``python -m labkit grade`` sets it)
+``reveal`` shows nothing. Your own function stays what the checks run: revealing grades nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _OFF = ("", "0", "false", "no", "off")
 _REPO_SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / SOLUTIONS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Reveal:
     """What ``reveal`` found: the solution's code, or why there is none to show."""
 
@@ -37,6 +38,8 @@ class Reveal:
         if not self.code:
             return f"{self.exercise}: {self.reason}"
         return f"{self.exercise}, the reference solution:\n\n{self.code}"
+
+    __repr__ = __str__  # a console (or a notebook's text/plain) shows the code, not escapes
 
     def _repr_html_(self) -> str:
         if not self.code:
