@@ -6,8 +6,9 @@ from __future__ import annotations
 HINTS = {
     "ring_all_reduce": (
         "At reduce-scatter step s, rank r sends chunk (r - s) mod N to the right and adds what "
-        "arrives from the left into chunk (r - s - 1) mod N; the all-gather passes the complete "
-        "chunks on the same way, copying instead of adding. Start each send with dist.isend, "
+        "arrives from the left into chunk (r - s - 1) mod N. Rank r then holds the complete "
+        "chunk (r + 1) mod N: at all-gather step s it sends chunk (r + 1 - s) mod N and copies "
+        "what arrives (no adding) into chunk (r - s) mod N. Start each send with dist.isend, "
         "then dist.recv, then wait on the send: if every rank calls the blocking dist.send "
         "first, none is receiving."),
     "predict_memory": (
@@ -47,8 +48,8 @@ HINTS = {
         "ranks stride, 2 x stride, ... after it, degree members in all."),
     "merge_attention": (
         "Work in log space: the merged log-sum-exp is torch.logaddexp(lse_a, lse_b), and each "
-        "partial output is weighted by exp(its lse - the merged lse) (unsqueeze the weight to "
-        "broadcast over the head dimension)."),
+        "partial output is weighted by exp(its lse - the merged lse) (unsqueeze(-1) the weight, "
+        "shaped like lse, to broadcast over the output's last dimension, d_head)."),
     "all_reduce_seconds": (
         "A ring AllReduce takes 2(N-1) steps (N-1 to reduce-scatter, N-1 to all-gather), each "
         "paying the start-up cost alpha, and sends 2(N-1)/N of the message per rank at the "

@@ -13,6 +13,7 @@ import html
 from dataclasses import dataclass, field
 
 from labkit.check.hints import hint
+from labkit.check.solutions import available
 
 MIME_TYPE = "application/vnd.labkit.check+json"
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
@@ -56,10 +57,13 @@ class CheckResult:
 
     @property
     def help(self) -> list[str]:
-        """Under a failed check: the exercise's hint, and how to see the reference solution."""
+        """Under a failed check: the exercise's hint, and how to see the reference solution (when
+        ``reveal`` has one to show)."""
         if self.status != FAILED:
             return []
         lines = [f"Hint: {hint(self.exercise)}"] if hint(self.exercise) else []
+        if not available(self.exercise):  # graded, or released without solutions
+            return lines
         return lines + [f'Still stuck? labkit.check.reveal("{self.exercise}") shows the '
                         "reference solution."]
 

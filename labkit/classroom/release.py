@@ -17,7 +17,9 @@ an instructor can also hand them to nbgrader as they are:
 
 Beside the notebooks, ``solutions/<name>.json`` holds each exercise's reference solution (the
 answer cell without its markers), which ``labkit.check.reveal`` shows a learner on request;
-``--no-solutions`` leaves it out (and removes one written before).
+``--no-solutions`` leaves it out (and removes one written before), and writes
+``solutions/NONE.txt`` instead, so that ``reveal`` run beside these notebooks does not fall back
+on the repository's own ``notebooks/solutions``.
 
 nbgrader itself is not needed: this is the part of its ``generate_assignment`` that the suite
 uses, written for these notebooks (one command, no database, no course directory layout).
@@ -165,9 +167,12 @@ def notebook_bytes(notebook) -> bytes:
 def release(course: Path, out: Path, check: bool = False,
             solutions: bool = True) -> tuple[list[Path], list[Path]]:
     """Write (or with ``check``, only compare) ``out/<name>.ipynb`` for each
-    ``course/<name>.ipynb``, and ``out/solutions/<name>.json`` unless not ``solutions``.
-    Returns (the files written or out of date, the notebooks in ``out`` without a source in
+    ``course/<name>.ipynb``, and ``out/solutions/<name>.json`` unless not ``solutions`` (then
+    ``out/solutions/NONE.txt`` says so, and ``reveal`` looks no further). Returns (the files
+    written or out of date, the notebooks and solutions in ``out`` without a source in
     ``course``: never deleted here, the caller says so)."""
+    from labkit.check.solutions import NO_SOLUTIONS
+
     sources = sorted(Path(course).glob("*.ipynb"))
     if not sources:
         raise ReleaseError(f"no notebooks in {course}")
@@ -183,6 +188,15 @@ def release(course: Path, out: Path, check: bool = False,
         answers_path = Path(out) / "solutions" / f"{path.stem}.json"
         if _sync(answers_path, answers_data, check):
             changed.append(answers_path)
-    expected = {p.name for p in sources}
-    stale = [p for p in sorted(Path(out).glob("*.ipynb")) if p.name not in expected]
+    marker = Path(out) / "solutions" / NO_SOLUTIONS
+    if _sync(marker, None if solutions else WITHHELD.encode(), check):
+        changed.append(marker)
+    expected = {p.stem for p in sources}
+    stale = [p for p in sorted(Path(out).glob("*.ipynb")) if p.stem not in expected]
+    stale += [p for p in sorted((Path(out) / "solutions").glob("*.json"))
+              if p.stem not in expected]
     return changed, stale
+
+
+WITHHELD = ("These notebooks were released without their reference solutions\n"
+            "(python -m labkit release --no-solutions): labkit.check.reveal shows none.\n")
