@@ -78,11 +78,12 @@ def test_when_the_model_state_alone_is_more_than_the_device_the_error_says_so(nb
     assert "the largest model that trains is smaller than that" in message
 
 
-def test_every_lever_is_paid_for_checkpointing_and_accumulation_run_slower(levers):
-    plain = levers["plain"]["step_s"]
+def test_each_lever_is_trained_and_timed_here(levers):
+    """The prose calls a few steps' times on a shared laptop noisy and claims no order (bf16
+    measured 1.57x the plain step in one run under load, 0.52x in another: the plain run is
+    the first on ranks restarted after the OOM cell); bench/levers.py times them properly."""
+    assert list(levers) == ["plain", "checkpointing", "accumulation x4", "bf16", "mixed"]
     assert all(run["oom"] is None and run["step_s"] > 0 for run in levers.values())
-    assert levers["checkpointing"]["step_s"] > 1.2 * plain
-    assert levers["accumulation x4"]["step_s"] > 1.2 * plain
 
 
 def test_every_lever_shrinks_what_the_batch_costs(levers):
