@@ -109,3 +109,9 @@ def test_the_capacity_factor_trades_slots_against_dropped_tokens(nb):
     assert dropped == sorted(dropped, reverse=True) and dropped[0] > 0
     by_expert = [sum(map(sum, layers)) for layers in nb.results["dropped_by_expert"].values()]
     assert by_expert == sorted(by_expert, reverse=True) and by_expert[0] > 0  # the slider's
+
+
+def test_at_the_opening_length_each_cheaper_lever_would_have_done_too(nb):
+    cheaper = nb.results["cheaper"]
+    assert len(cheaper) == 3, cheaper
+    assert all(peak <= nb.results["capacity"] for peak in cheaper.values()), cheaper

@@ -70,6 +70,18 @@ class SequenceExplorer:
         return [s for s, run in runs.items()
                 if run["one device"]["oom"] and not run[f"cp={self.cp}"]["oom"]]
 
+    def one_device_levers(self, seq: int) -> dict[str, int]:
+        """One device's estimated peak at ``seq`` tokens with each of notebook 01's levers
+        that applies to a batch this small: would a cheaper lever than cp have done?"""
+        model = dataclasses.replace(self.model, seq_len=seq)
+        levers = {"activation checkpointing": {"activation_checkpointing": True},
+                  "bf16": {"precision": "bf16"},
+                  f"accumulation x{self.global_batch}": {"grad_accumulation": self.global_batch}}
+        return {name: estimate_memory(TrainConfig(model=model, global_batch=self.global_batch,
+                                                  steps=self.steps, optimizer="sgd", lr=0.1,
+                                                  **options), 1).peak_bytes
+                for name, options in levers.items()}
+
     def figure(self, seq: int) -> Figure:
         bars = []
         for name, run in self.result(seq).items():
