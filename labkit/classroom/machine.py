@@ -64,11 +64,23 @@ class MachineFit:
                 f"is one core. More ranks would share cores and measure their turn-taking, "
                 f"not separate devices. Set oversubscribe = True to start {self.wanted} anyway.")
 
+    def _offered_line(self) -> str:
+        """The counts the lesson offers (sliders, sweeps, world_size), the one started marked;
+        nothing when they are only the count asked for (``why`` already says what starts)."""
+        if set(self.offered) <= {self.wanted}:
+            return ""
+        marks = {n: [] for n in self.offered}
+        for n in self.offered:
+            if n == self.world_size:
+                marks[n].append("started here")
+            if n in self.oversubscribed:
+                marks[n].append("oversubscribed")
+        counts = ", ".join(f"{n} ({', '.join(m)})" if m else str(n) for n, m in marks.items())
+        return f"<br>Rank counts this notebook offers: {counts}."
+
     def _repr_html_(self) -> str:
-        offered = ", ".join(
-            f"{n}{' (oversubscribed)' if n in self.oversubscribed else ''}" for n in self.offered)
         return (f"<b>world_size = {self.world_size}</b>: {html.escape(self.why)}"
-                + (f"<br>Offered in this notebook: {offered}." if self.offered else ""))
+                + self._offered_line())
 
     def __repr__(self) -> str:
         return f"MachineFit(world_size={self.world_size}): {self.why}"
