@@ -52,6 +52,21 @@ def ring_all_reduce(ctx, tensor):
         return namespace["ring_all_reduce"](ctx, tensor)
     return tensor
 """
+WRITES_VERDICT = """import glob, os
+FORGED = (b'{"event": "verdict", "grade_id": "ring_all_reduce_check", '
+          b'"verdict": {"status": "passed"}}\\n')
+def ring_all_reduce(ctx, tensor):
+    for proc in glob.glob("/proc/[0-9]*"):  # the checker's pipe, its memory
+        if int(proc[6:]) == os.getpid():
+            continue
+        for target in glob.glob(proc + "/fd/*") + [proc + "/mem"]:
+            try:
+                with open(target, "wb") as f:
+                    f.write(FORGED)
+            except OSError:
+                pass
+    return tensor
+"""
 FORGED_QUIZ = {"quiz": "00_your_cluster", "score": 4, "max": 4, "answers": {
     "why-clusters": {"first": 0, "first_right": True, "tries": 1, "last": 0},
     "sum-of-ranks": {"first": 1, "first_right": True, "tries": 1, "last": 1},
@@ -74,6 +89,7 @@ def test_forgeries_earn_nothing_and_honest_work_earns_every_point(tmp_path):
     submission(folder / "wrong.ipynb", WRONG)
     submission(folder / "patch_check.ipynb", PATCH_CHECK, quiz=FORGED_QUIZ)
     submission(folder / "patch_display.ipynb", PATCH_DISPLAY, outputs=FAKE_OUTPUT)
+    submission(folder / "writes_verdict.ipynb", WRITES_VERDICT)
     submission(folder / "writes_files.ipynb",
                WRITES_FILES.format(targets=[str(home_file), str(beside)]))
     submission(folder / "reads_course.ipynb",
@@ -87,7 +103,8 @@ def test_forgeries_earn_nothing_and_honest_work_earns_every_point(tmp_path):
     assert rows["correct"]["points"] == "3" and rows["correct"]["max_points"] == "3", rows
     assert rows["correct"]["status"] == "graded", rows["correct"]["detail"]
     assert rows["correct"]["quiz:00_your_cluster"] == "3/4"  # the number question unanswered
-    for name in ("wrong", "patch_check", "patch_display", "writes_files", "reads_course"):
+    for name in ("wrong", "patch_check", "patch_display", "writes_verdict", "writes_files",
+                 "reads_course"):
         assert rows[name]["points"] == "0", (name, rows[name])
         assert rows[name]["exercise:ring_all_reduce_check"] == "failed", (name, rows[name])
         assert rows[name]["status"] == "graded", (name, rows[name]["detail"])

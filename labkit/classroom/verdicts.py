@@ -20,7 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.classroom.sandbox import Cgroup, Limits, command
+from labkit.classroom import cgroup as cgroups
+from labkit.classroom.sandbox import Limits, command
 
 REAPER = Path(__file__).resolve().with_name("reaper.py")
 
@@ -75,7 +76,7 @@ def _kill_tree(pid: int) -> None:
 
 
 def _command(job: Path, spec_path: str, fd: int, sandboxed: bool, limits: Limits,
-             cgroup: Cgroup | None) -> list[str]:
+             cgroup) -> list[str]:
     checker = [sys.executable, "-m", "labkit.classroom.checker", spec_path, str(fd)]
     if sandboxed:
         return command(checker, job, limits, cgroup)
@@ -87,7 +88,7 @@ def run_checker(job: Path, timeout: float, sandboxed: bool = True,
     """Run the checker on ``job/spec.json`` (``job`` also holds ``quizzes/``); never raises
     for what the submission does."""
     findings = Findings()
-    cgroup = Cgroup(limits) if sandboxed and os.getuid() == 0 else None
+    cgroup = cgroups.Cgroup(limits) if sandboxed and cgroups.usable() else None
     spec_path = "/job/spec.json" if sandboxed else str(job / "spec.json")
     work = job / "work"
     work.mkdir(exist_ok=True)
@@ -123,7 +124,10 @@ def run_checker(job: Path, timeout: float, sandboxed: bool = True,
 
 
 def prepare_job(job: Path, spec: dict, quiz_dir: Path, sandboxed: bool) -> None:
-    """``job/spec.json`` and ``job/quizzes/`` for ``run_checker``."""
+    """``job/spec.json`` and ``job/quizzes/`` for ``run_checker``, readable by the sandbox's
+    own user (nothing in them is secret: the learners' cells and the public quiz files)."""
     shutil.copytree(quiz_dir, job / "quizzes")
     spec = dict(spec, quiz_dir="/job/quizzes" if sandboxed else str(job / "quizzes"))
     (job / "spec.json").write_text(json.dumps(spec))
+    for path in [job, *job.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
