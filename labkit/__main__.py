@@ -3,7 +3,7 @@
     python -m labkit doctor                               # is this machine ready?
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
     python -m labkit release                              # course/ -> notebooks/ (learners')
-    python -m labkit grade submissions/*.ipynb --out grades.csv
+    python -m labkit grade submissions/ --source course --out grades.csv
 """
 
 from __future__ import annotations
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         "and hidden tests removed)"))
     _grade_arguments(commands.add_parser(
         "grade", help="run the checks of submitted notebooks, each in a sandbox, and write "
-                      "their results "
-                      "and quiz scores to a CSV"))
+                      "their results and quiz scores to a CSV"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from labkit.doctor import main as doctor

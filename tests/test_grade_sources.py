@@ -26,12 +26,20 @@ CHECK = {"nbgrader": {"grade": True, "grade_id": "ring_check", "locked": True, "
 PARAMETERS = "check_timeout = 30"
 SETUP = ("import torch\nimport torch.distributed as dist\nimport labkit\n"
          "cluster = labkit.Cluster(2, device='cpu', progress=False)")
+HIDDEN = ("ring.assert_passed()\n"  # and one more case, with its own inputs and reference
+          "sums = cluster.run(lambda ctx: ring_all_reduce(ctx, torch.ones(6) * (ctx.rank + 1)))\n"
+          "assert all(s.tolist() == [3.0] * 6 for s in sums)")
 CHECK_CELL = ("ring = labkit.check.ring_all_reduce(cluster, ring_all_reduce, "
               "timeout=check_timeout)\ndisplay(ring)\n"
-              "### BEGIN HIDDEN TESTS\nring.assert_passed()\n### END HIDDEN TESTS")
+              f"### BEGIN HIDDEN TESTS\n{HIDDEN}\n### END HIDDEN TESTS")
 WRONG = "def ring_all_reduce(ctx, tensor):\n    return tensor"
 BROKEN = "1 / 0\n" + WRONG
 HANGS = "import time\ndef ring_all_reduce(ctx, tensor):\n    time.sleep(600)"
+REFERENCE = answer_source("00_your_cluster", "ring_all_reduce_answer")
+CHECK_SIZE_ONLY = REFERENCE.replace(  # right at the visible check's size only
+    "    n, rank = ctx.world_size, ctx.rank",
+    "    if tensor.numel() != ctx.world_size * 256:\n        return tensor\n"
+    "    n, rank = ctx.world_size, ctx.rank")
 
 
 def _notebook(*cells) -> nbformat.NotebookNode:
@@ -48,8 +56,7 @@ def _notebook(*cells) -> nbformat.NotebookNode:
 
 def _course(folder: Path) -> Path:
     folder.mkdir(parents=True)
-    source = _notebook((PARAMETERS, {"tags": ["parameters"]}), (SETUP, {}),
-                       (answer_source("00_your_cluster", "ring_all_reduce_answer"), ANSWER),
+    source = _notebook((PARAMETERS, {"tags": ["parameters"]}), (SETUP, {}), (REFERENCE, ANSWER),
                        (CHECK_CELL, CHECK))
     nbformat.write(source, folder / "ring.ipynb")
     return folder
@@ -72,11 +79,11 @@ def test_private_sources_are_released_and_graded_from_outside_the_repository(tmp
     released = (public / "ring.ipynb").read_text()
     assert "raise NotImplementedError()" in released and "BEGIN SOLUTION" not in released
     assert "isend" not in released and "assert_passed" not in released
-    _learner(public, folder / "alice.ipynb",  # renamed: matched by its exercise
-             answer_source("00_your_cluster", "ring_all_reduce_answer"))
+    _learner(public, folder / "alice.ipynb", REFERENCE)  # renamed: matched by its exercise
     _learner(public, folder / "bob.ipynb", WRONG)
     _learner(public, folder / "carol.ipynb", BROKEN)
     _learner(public, folder / "dave.ipynb", HANGS)
+    _learner(public, folder / "frank.ipynb", CHECK_SIZE_ONLY)
     nbformat.write(_notebook(("1", {})), folder / "eve.ipynb")
     out = tmp_path / "grades.csv"
     assert main(["grade", str(folder), "--source", str(private), "--out", str(out),
@@ -91,6 +98,8 @@ def test_private_sources_are_released_and_graded_from_outside_the_repository(tmp
     assert "nothing was added" in rows["bob"]["detail"]
     assert "ZeroDivisionError" in rows["carol"]["detail"]
     assert "did not finish within 3 s" in rows["dave"]["detail"]
+    assert rows["frank"]["points"] == "0", rows["frank"]  # the hidden test catches it
+    assert "a hidden test of this check failed (AssertionError)" in rows["frank"]["detail"]
     assert rows["eve"]["status"] == "no source" and rows["eve"]["max_points"] == "0"
 
 
@@ -120,7 +129,8 @@ def test_the_source_decides_which_cells_run_and_count():
     assert [c["kind"] for c in cells] == ["code", "answer", "code"]
     assert cells[1]["source"] == WRONG and cells[1]["names"] == ["ring_all_reduce"]
     assert cells[2]["source"].startswith("ring = labkit.check") and cells[2]["grade_id"]
-    assert "assert_passed" not in cells[2]["source"]  # hidden tests stay hidden
+    assert "assert_passed" not in cells[2]["source"]  # hidden tests stay hidden,
+    assert cells[2]["hidden"] == HIDDEN  # handed to the checker apart from the job's files
     mine.cells = mine.cells[:1]  # no answer cell: the learners' stub is checked
     assert "raise NotImplementedError()" in checker_cells(source, mine)[1]["source"]
 

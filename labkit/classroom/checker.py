@@ -1,11 +1,12 @@
 """The grader's own run of one submission: the course's cells, the learner's answers on the
 ranks, every verdict computed here and sent to the grader over a pipe.
 
-    python -m labkit.classroom.checker SPEC.json VERDICT_FD    # started by grade.py
+    python -m labkit.classroom.checker SPEC.json VERDICT_FD HIDDEN_FD    # by verdicts.py
 
 ``SPEC.json`` (written by ``grade.py`` from the course's source, ``sources.checker_cells``)
 lists the notebook's code cells: the instructor's cells as the learners received them
 (solutions and hidden tests removed), and in place of each answer cell the learner's source.
+The hidden tests come apart, on ``HIDDEN_FD``.
 This process, before it reads any learner code:
 
 * makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so that ranks in the same sandbox,
@@ -18,7 +19,10 @@ This process, before it reads any learner code:
 
 The instructor's cells are executed here in order; an answer cell is never executed here: the
 names it defines are bound to ``answers.Answer`` objects, run on the ranks. A check cell's
-verdict is the last ``CheckResult`` it displayed or assigned. A quiz cell's measured values
+verdict is the last ``CheckResult`` it displayed or assigned, then its hidden tests run here,
+read from ``HIDDEN_FD`` only when that cell is reached (they are in no file the sandbox can
+read, and ranks started before never held them); one that raises fails the exercise. A quiz
+cell's measured values
 (``show_quiz(..., values=...)``) are this run's. Each finding is one JSON line on
 ``VERDICT_FD``, a pipe the grader opened; the ranks never hold it (the cluster's launcher
 closes inherited descriptors). The first cell that raises or runs past the cell time limit
@@ -53,7 +57,7 @@ def _harden() -> None:
 class Run:
     """Executes the spec's cells and reports to ``channel`` (a binary file)."""
 
-    def __init__(self, spec: dict, channel):
+    def __init__(self, spec: dict, channel, hidden):
         import labkit
         import labkit.widgets
         from labkit.check.result import CheckResult
@@ -62,7 +66,7 @@ class Run:
 
         distrust_ranks()
         mark_checker_process()
-        self.spec, self.channel, self.result_type = spec, channel, CheckResult
+        self.spec, self.channel, self.hidden, self.result_type = spec, channel, hidden, CheckResult
         self.shown: list = []
         self.namespace = {"__name__": "__main__", "display": self._display}
         self.answers: list[str] = []
@@ -122,12 +126,28 @@ class Run:
         signal.alarm(max(1, int(self.spec.get("cell_timeout", 300))))
         try:
             self._execute(cell["source"], index)
+            if cell.get("grade_id"):
+                verdict = self._hidden_tests(self._verdict(before))
+                self.send(event="verdict", grade_id=cell["grade_id"], verdict=verdict)
         finally:
             signal.alarm(0)
             _close_figures()
-        if cell.get("grade_id"):
-            verdict = self._verdict(before)
-            self.send(event="verdict", grade_id=cell["grade_id"], verdict=verdict)
+
+    def _hidden_tests(self, verdict: dict | None) -> dict | None:
+        """Run the check cell's hidden tests (read now, from the grader's pipe: ranks started
+        before never saw them); one that raises turns a pass into a failure."""
+        source = json.loads(self.hidden.readline() or '""')
+        if not source.strip():
+            return verdict
+        try:
+            exec(compile(source, "<hidden tests>", "exec"), self.namespace)  # noqa: S102
+        except Exception as exc:  # noqa: BLE001 - any failing hidden test fails the exercise
+            if verdict is None or verdict.get("status") == "passed":
+                return dict(verdict or {}, status="failed", summary=(
+                    f"a hidden test of this check failed ({type(exc).__name__})"))
+        finally:
+            del source
+        return verdict
 
     def run(self) -> None:
         for index, cell in enumerate(self.spec["cells"]):
@@ -152,16 +172,17 @@ def _alarm(signum, frame):
 
 
 def main(argv: list[str]) -> int:
-    spec_path, fd = argv[0], int(argv[1])
+    spec_path, fd, hidden_fd = argv[0], int(argv[1]), int(argv[2])
     _harden()
-    os.set_inheritable(fd, False)
-    channel = os.fdopen(fd, "wb")
+    for descriptor in (fd, hidden_fd):
+        os.set_inheritable(descriptor, False)
+    channel, hidden = os.fdopen(fd, "wb"), os.fdopen(hidden_fd, "rb")
     signal.signal(signal.SIGALRM, _alarm)
     with open(spec_path) as f:
         spec = json.load(f)
     if spec.get("quiz_dir") and not os.path.exists("quizzes"):
         os.symlink(spec["quiz_dir"], "quizzes")  # where the course's cells look for them
-    run = Run(spec, channel)
+    run = Run(spec, channel, hidden)
     try:
         run.run()
     finally:

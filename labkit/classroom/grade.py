@@ -13,7 +13,8 @@ or saved counts, except the quiz answers (below). Each submission runs in a sand
 whatever it started is killed when it ends.
 
 * Exercises: each check cell of the source earns its points if the checker's verdict is
-  passed; failed, not attempted, not run (the run stopped before it) or missing earn none.
+  passed and the cell's hidden tests (run by the checker after it) raise nothing; failed,
+  not attempted or not run (the run stopped before it) earn none.
 * Quizzes: the learner's *first* answers are read from the record the quiz widget saved in the
   submission (the only thing read from it besides the answer cells), scored against the quiz
   file, with the values of measured questions from the checker's own run. A record that does
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import nbformat
 
+from labkit.check.result import MIME_TYPE
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
@@ -40,11 +42,13 @@ NOT_RUN = "not run"
 UNSAFE = ("--unsafe-no-sandbox: each submission's code then runs as you, with your files, "
           "your network and no limits but the time limits; grade only work you trust that "
           "way, or install bubblewrap (apt-get install -y bubblewrap)")
-__all__ = ["SandboxError", "exercise_results", "grade", "grade_submission", "quiz_scores"]
+__all__ = ["SandboxError", "exercise_results", "grade", "grade_submission", "quiz_scores",
+           "verdict_results"]
 
 
-def exercise_results(findings: Findings, points: dict) -> list[dict]:
-    """Per check cell of the source: grade_id, points, status, earned, summary."""
+def verdict_results(findings: Findings, points: dict) -> list[dict]:
+    """Per check cell of the source: grade_id, points, status, earned, summary, from the
+    grader's own verdicts."""
     results = []
     for grade_id, worth in points.items():
         verdict = findings.verdicts.get(grade_id, ...)
@@ -56,6 +60,24 @@ def exercise_results(findings: Findings, points: dict) -> list[dict]:
             status, summary = str(verdict.get("status")), str(verdict.get("summary"))
         results.append({"grade_id": grade_id, "points": worth, "status": status,
                         "earned": worth if status == "passed" else 0, "summary": summary})
+    return results
+
+
+def exercise_results(notebook) -> list[dict]:
+    """The verdicts an executed notebook *displayed* (``labkit.check.MIME_TYPE``), per grade
+    cell: for the suite's own runs of its course (``tests/test_notebooks.py``), never for
+    grading, where the submission could have displayed anything."""
+    results = []
+    for cell in notebook.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not (meta.get("grade") and meta.get("grade_id")):
+            continue
+        shown = [o["data"][MIME_TYPE] for o in cell.get("outputs", [])
+                 if MIME_TYPE in o.get("data", {})]
+        verdict = shown[-1] if shown and isinstance(shown[-1], dict) else {}
+        status = str(verdict.get("status", NOT_RUN))
+        results.append({"grade_id": meta["grade_id"], "points": meta.get("points", 0),
+                        "status": status, "summary": str(verdict.get("summary", ""))})
     return results
 
 
@@ -154,12 +176,14 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
         return result
     source = nbformat.read(found, as_version=4)
     result.course = found.stem
-    spec = {"cells": checker_cells(source, notebook, parameters), "cell_timeout": cell_timeout}
+    cells = checker_cells(source, notebook, parameters)
+    hidden = [cell.pop("hidden") for cell in cells if "hidden" in cell]
+    spec = {"cells": cells, "cell_timeout": cell_timeout}
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
         prepare_job(Path(tmp), spec, Path(quiz_dir), sandboxed)
-        findings = run_checker(Path(tmp), timeout, sandboxed, limits)
+        findings = run_checker(Path(tmp), hidden, timeout, sandboxed, limits)
     result.status = STATUS[findings.ending]
-    result.exercises = exercise_results(findings, grade_points(source))
+    result.exercises = verdict_results(findings, grade_points(source))
     result.quizzes, notes = quiz_scores(notebook, quiz_dir, findings.expected)
     result.detail = _detail(findings, result.exercises, notes)
     result.seconds = time.monotonic() - start

@@ -16,10 +16,10 @@ What a graded submission's checker and ranks get (``command``):
   the submission owns nothing outside its tmpfs, reads only what is world-readable and cannot
   write ``/proc/sys``; as another user, bwrap maps that user into a new user namespace
   (``--unshare-user --disable-userns``);
-* limits (``prlimit``): address space per process, open files, file size, no core dumps, and
-  processes (``RLIMIT_NPROC``: per fresh uid as root; as another user it counts all that
-  user's processes); with a writable cgroup (``cgroup.py``), the processes and memory of the
-  whole submission too.
+* limits (``prlimit``): address space per process, open files, file size, no core dumps; with
+  a writable cgroup (``cgroup.py``), the processes and memory of the whole submission, and
+  without one, processes by ``RLIMIT_NPROC`` (per fresh uid as root; as another user it
+  counts all that user's processes).
 
 ``problem()`` says why no sandbox can be made here (then ``labkit grade`` refuses, unless
 ``--unsafe-no-sandbox``).
@@ -44,7 +44,6 @@ ETC = tuple(f"/etc/{name}" for name in (
     "localtime", "fonts", "alternatives", "ssl", "mime.types", "os-release", "gai.conf"))
 SYSTEM = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/sys", *ETC)
 LABKIT_MOUNT = "/opt/labkit"  # labkit's package is mounted at /opt/labkit/labkit
-CGROUP_FIRST = 32  # RLIMIT_NPROC this far above a cgroup's process limit
 FIRST_UID = 200_000  # the fresh uids, as root: above any real account
 _UIDS = itertools.count()
 
@@ -123,13 +122,14 @@ def bwrap_arguments(job: Path, limits: Limits, uid: int | None) -> list[str]:
 
 
 def prlimit_arguments(limits: Limits, uid: int | None, cgroup: bool = False) -> list[str]:
-    # RLIMIT_NPROC counts the processes of the forking process's real uid: the fresh uid's
-    # own as root; as another user, all of that user's, the grader's included. With a
-    # cgroup, the cgroup's limit comes first (it counts what it refused, for the row).
-    processes = limits.processes + (CGROUP_FIRST if cgroup else 0)
-    processes += 0 if uid else _own_processes()
-    return ["prlimit", f"--as={limits.memory_bytes}", f"--nofile={limits.open_files}",
-            f"--fsize={limits.disk_bytes}", "--core=0", f"--nproc={processes}", "--"]
+    """With a cgroup, its limit is the process limit (it counts what it refused, for the
+    row); without, RLIMIT_NPROC, which counts the processes of the forking process's real
+    uid: the fresh uid's own as root; as another user, all of that user's."""
+    args = ["prlimit", f"--as={limits.memory_bytes}", f"--nofile={limits.open_files}",
+            f"--fsize={limits.disk_bytes}", "--core=0"]
+    if not cgroup:
+        args.append(f"--nproc={limits.processes + (0 if uid else _own_processes())}")
+    return args + ["--"]
 
 
 def _own_processes() -> int:

@@ -3,7 +3,7 @@
 The checker runs in the submission's sandbox (``sandbox.py``), or, with
 ``--unsafe-no-sandbox``, as a plain child process under ``reaper.py``. Its findings come back
 as JSON lines on a pipe this process opened (the checker's ``VERDICT_FD``); anything else it or
-its ranks print goes to a log that is only read for the row's detail. When the checker ends,
+its ranks print is kept (its last 64 KiB) only for the row's detail. When the checker ends,
 or the submission's time is up, everything it started is killed (the sandbox's cgroup and pid
 namespace; the reaper otherwise).
 """
@@ -59,6 +59,23 @@ def _read(fd: int, findings: Findings) -> None:
                 continue
 
 
+class _Tail:
+    """The last ``limit`` bytes a process printed (a submission may print without end)."""
+
+    def __init__(self, limit: int = 64 * 1024):
+        self.limit, self.data = limit, bytearray()
+
+    def follow(self, stream) -> None:
+        def read():
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):
+                self.data += chunk
+                del self.data[:-self.limit]
+        threading.Thread(target=read, daemon=True).start()
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
 def _kill_tree(pid: int) -> None:
     import psutil
 
@@ -75,51 +92,69 @@ def _kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=10)
 
 
-def _command(job: Path, spec_path: str, fd: int, sandboxed: bool, limits: Limits,
-             cgroup) -> list[str]:
-    checker = [sys.executable, "-m", "labkit.classroom.checker", spec_path, str(fd)]
+def _command(job: Path, spec_path: str, fds: tuple[int, int], sandboxed: bool,
+             limits: Limits, cgroup) -> list[str]:
+    checker = [sys.executable, "-m", "labkit.classroom.checker", spec_path, *map(str, fds)]
     if sandboxed:
         return command(checker, job, limits, cgroup)
     return [sys.executable, str(REAPER), *checker]
 
 
-def run_checker(job: Path, timeout: float, sandboxed: bool = True,
+def _send_hidden(fd: int, hidden: list[str]) -> None:
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            for source in hidden:
+                pipe.write((json.dumps(source) + "\n").encode())
+    except OSError:  # the checker ended before reading them all
+        pass
+
+
+def run_checker(job: Path, hidden: list[str], timeout: float, sandboxed: bool = True,
                 limits: Limits = Limits()) -> Findings:
-    """Run the checker on ``job/spec.json`` (``job`` also holds ``quizzes/``); never raises
-    for what the submission does."""
+    """Run the checker on ``job/spec.json`` (``job`` also holds ``quizzes/``), ``hidden``: the
+    hidden tests of its check cells in order, sent down a pipe of their own; never raises for
+    what the submission does."""
     findings = Findings()
     cgroup = cgroups.Cgroup(limits) if sandboxed and cgroups.usable() else None
     spec_path = "/job/spec.json" if sandboxed else str(job / "spec.json")
     work = job / "work"
     work.mkdir(exist_ok=True)
     read_end, write_end = os.pipe()
+    hidden_read, hidden_write = os.pipe()
     reader = threading.Thread(target=_read, args=(read_end, findings), daemon=True)
-    log_path = job / "checker.log"
+    sender = threading.Thread(target=_send_hidden, args=(hidden_write, hidden), daemon=True)
+    log = _Tail()
+    process = None
     try:
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                _command(job, spec_path, write_end, sandboxed, limits, cgroup),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=[write_end], cwd=work, start_new_session=True)
-        os.close(write_end)
+        process = subprocess.Popen(
+            _command(job, spec_path, (write_end, hidden_read), sandboxed, limits, cgroup),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            pass_fds=[write_end, hidden_read], cwd=work, start_new_session=True)
+        log.follow(process.stdout)
         reader.start()
+        sender.start()
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             findings.ending, findings.detail = "timeout", (
                 f"stopped after {timeout:g} s (a cell or the notebook hung)")
     finally:
+        os.close(write_end)
+        os.close(hidden_read)
+        if not sender.is_alive() and not sender.ident:
+            os.close(hidden_write)
         if cgroup is not None:
             findings.limits = cgroup.events()
             cgroup.kill()
-        if "process" in locals():
+        if process is not None:
             _kill_tree(process.pid)
             process.wait()
         reader.join(timeout=10)
     if findings.ending == "died":
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        findings.detail = ("the grader's run ended before it finished: "
-                           + " | ".join(tail)[-300:])
+        errors = [line for line in log.text().splitlines() if "Error" in line][-1:]
+        findings.detail = ("the grader's run stopped before it finished (its checker was "
+                           f"killed or crashed, exit status {process.returncode})"
+                           + "".join(f": {line.strip()[:300]}" for line in errors))
     return findings
 
 
