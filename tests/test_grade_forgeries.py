@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from labkit.check.result import MIME_TYPE
+from labkit.classroom import sandbox
 from tests.grading import REPO, WRONG, grade_folder, reference, submission
 
 PATCH_CHECK = WRONG + """
@@ -56,17 +58,30 @@ WRITES_VERDICT = """import glob, os
 FORGED = (b'{"event": "verdict", "grade_id": "ring_all_reduce_check", '
           b'"verdict": {"status": "passed"}}\\n')
 def ring_all_reduce(ctx, tensor):
-    for proc in glob.glob("/proc/[0-9]*"):  # the checker's pipe, its memory
-        if int(proc[6:]) == os.getpid():
+    for proc in glob.glob("/proc/[0-9]*"):  # the grader's checker: its pipes, its memory
+        try:
+            command = open(proc + "/cmdline", "rb").read()
+            if int(proc[6:]) == os.getpid() or b"labkit" not in command:
+                continue
+            pipes = [fd for fd in glob.glob(proc + "/fd/*")
+                     if os.readlink(fd).startswith("pipe:")]
+        except OSError:
             continue
-        for target in glob.glob(proc + "/fd/*") + [proc + "/mem"]:
+        for target in pipes:  # pipes only: never a file of anyone's
             try:
-                with open(target, "wb") as f:
+                with open(target, "ab") as f:
                     f.write(FORGED)
             except OSError:
                 pass
+        try:
+            with open(proc + "/mem", "rb") as f:
+                f.read(1)
+        except OSError:
+            pass
     return tensor
 """
+pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
+                                reason=f"no sandbox here: {sandbox.problem()}")
 FORGED_QUIZ = {"quiz": "00_your_cluster", "score": 4, "max": 4, "answers": {
     "why-clusters": {"first": 0, "first_right": True, "tries": 1, "last": 0},
     "sum-of-ranks": {"first": 1, "first_right": True, "tries": 1, "last": 1},
