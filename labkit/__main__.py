@@ -3,7 +3,7 @@
     python -m labkit doctor                               # is this machine ready?
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
     python -m labkit release                              # course/ -> notebooks/ (learners')
-    python -m labkit grade submissions/*.ipynb --out grades.csv
+    python -m labkit grade submissions/ --source course --out grades.csv
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from pathlib import Path
 
 
 def _release_arguments(parser) -> None:
-    parser.add_argument("--course", type=Path, default=Path("course"),
-                        help="the sources, with solutions (default: course)")
+    parser.add_argument("--source", "--course", dest="course", type=Path,
+                        default=Path("course"),
+                        help="the course sources, with solutions; may be a private folder "
+                             "outside the repository (default: course)")
     parser.add_argument("--out", type=Path, default=Path("notebooks"),
                         help="where the learners' notebooks go (default: notebooks)")
     parser.add_argument("--check", action="store_true",
@@ -42,8 +44,11 @@ def _grade_arguments(parser) -> None:
     parser.add_argument("--quizzes", type=Path, default=None,
                         help="the quiz files (default: the suite's notebooks/quizzes)")
     parser.add_argument("--source", type=Path, default=None,
-                        help="course sources to restore check cells from (default: the "
-                             "suite's course/ when present)")
+                        help="the course sources the grader runs (default: the suite's "
+                             "course/ when present); may be a private folder")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="grade without bubblewrap: each submission's code runs as you, "
+                             "with your files and network; only for work you trust")
 
 
 def _release(args) -> int:
@@ -62,14 +67,18 @@ def _release(args) -> int:
 
 
 def _grade(args) -> int:
-    from labkit.classroom.grade import grade
+    from labkit.classroom.grade import SandboxError, grade
 
     try:
         grade(args.submissions, args.out, args.quizzes, args.source, json.loads(args.parameters),
-              args.cell_timeout, args.timeout, args.jobs)
+              args.cell_timeout, args.timeout, args.jobs,
+              sandboxed=not args.unsafe_no_sandbox)
     except FileNotFoundError as error:
         print(error, file=sys.stderr)
         return 1
+    except SandboxError as error:
+        print(error, file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 
@@ -87,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         "release", help="write the learners' notebooks from the course sources (solutions "
                         "and hidden tests removed)"))
     _grade_arguments(commands.add_parser(
-        "grade", help="execute submitted notebooks afresh and write their exercise results "
-                      "and quiz scores to a CSV"))
+        "grade", help="run the checks of submitted notebooks, each in a sandbox, and write "
+                      "their results and quiz scores to a CSV"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from labkit.doctor import main as doctor

@@ -2,8 +2,10 @@
 quizzes scored, submissions graded, defaults fitted to the machine.
 
 ``release.py`` strips solutions (nbgrader's conventions); ``quizzes.py`` reads and scores
-quizzes; ``grade.py`` executes submissions and writes a CSV; ``machine.py`` picks rank counts
-this machine can run one core (or GPU) each.
+quizzes; ``grade.py`` grades submissions into a CSV: ``sources.py`` says what runs,
+``checker.py`` runs it and computes the verdicts (``answers.py``: the learner's cells, on the
+ranks only), ``verdicts.py`` starts it in a ``sandbox.py`` (with a ``cgroup.py``) and collects
+its findings; ``machine.py`` picks rank counts this machine can run one core (or GPU) each.
 """
 
 from labkit.classroom.machine import MachineFit, fit_to_machine

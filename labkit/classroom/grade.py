@@ -1,36 +1,29 @@
-"""Grade submitted notebooks: execute each one afresh, read what its checks and quizzes found.
+"""Grade submitted notebooks: the grader runs every check itself, each submission sandboxed.
 
-    python -m labkit grade submissions/*.ipynb --out grades.csv
+    python -m labkit grade submissions/ --source ../course-private --out grades.csv --jobs 2
 
-Each submission runs in a process of its own (papermill, a new kernel, so a new cluster), in a
-temporary folder of its own, with a time limit per cell and per notebook; when the limit
-passes, the whole process group (kernel and ranks) is killed. A notebook that raises or hangs
-gets a row saying where, with the exercises it reached graded; the others are not affected.
+For each submission the course's source decides what runs (``sources.py``): it is matched to
+its course notebook (by name, else by its exercises' grade_ids), and the grader's checker
+(``checker.py``) runs that notebook's cells as the learners received them, with only the
+learner's answer cells (nbgrader ``solution`` cells) taken from the submission, and those run
+on the ranks only. Every verdict is computed in the checker, a process that imports labkit
+before any learner code and sends its findings over a pipe; nothing the submission displayed
+or saved counts, except the quiz answers (below). Each submission runs in a sandbox of its own
+(``sandbox.py``: bubblewrap, limits, a cgroup) with a time limit per cell and per notebook;
+whatever it started is killed when it ends.
 
-* Exercises: every nbgrader grade cell (``nbgrader.grade = true``) of the executed notebook is
-  read for the verdict its check displayed (``labkit.check.MIME_TYPE``): passed earns the
-  cell's points; failed, not attempted, or not run (the notebook stopped before it) earn none.
-  With the course's sources at hand (``--source``, by default the suite's ``course/``), the
-  source decides (``sources.py``): the submission is matched to its course notebook (by name,
-  else by its exercises' grade_ids), its check cells are restored from it (as nbgrader restores
-  locked cells), and only the source's grade cells count, with the source's points; a deleted
-  check earns nothing and still counts in ``max_points``. A submission that matches no source
-  is not run ("no source").
-* Quizzes: read from the submission as the learner saved it (the widget's record), and scored
-  again from the quiz file: first answers only; a malformed record scores nothing.
-* Processes: papermill runs under ``reaper.py``, which kills whatever the notebook left
-  running (also in a session of its own) when papermill ends.
+* Exercises: each check cell of the source earns its points if the checker's verdict is
+  passed and the cell's hidden tests (run by the checker after it) raise nothing; failed,
+  not attempted or not run (the run stopped before it) earn none.
+* Quizzes: the learner's *first* answers are read from the record the quiz widget saved in the
+  submission (the only thing read from it besides the answer cells), scored against the quiz
+  file, with the values of measured questions from the checker's own run. A record that does
+  not parse scores 0 and the row says so.
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,77 +32,92 @@ from pathlib import Path
 import nbformat
 
 from labkit.check.result import MIME_TYPE
-from labkit.check.solutions import GRADING_ENV
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
-from labkit.classroom.sources import find_source, grade_points, restore_checks
+from labkit.classroom.sandbox import Limits, SandboxError, problem
+from labkit.classroom.sources import checker_cells, find_source, grade_points
+from labkit.classroom.verdicts import Findings, prepare_job, run_checker
 
 REPO = Path(__file__).resolve().parent.parent.parent
-REAPER = Path(__file__).resolve().with_name("reaper.py")
 NOT_RUN = "not run"
-__all__ = ["exercise_results", "grade", "grade_submission", "quiz_scores", "restore_checks"]
+UNSAFE = ("--unsafe-no-sandbox: each submission's code then runs as you, with your files, "
+          "your network and no limits but the time limits; grade only work you trust that "
+          "way, or install bubblewrap (apt-get install -y bubblewrap)")
+__all__ = ["SandboxError", "exercise_results", "grade", "grade_submission", "quiz_scores",
+           "verdict_results"]
 
 
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def _bundles(cell, mime: str) -> list:
-    return [o["data"][mime] for o in cell.get("outputs", [])
-            if o.get("output_type") in ("display_data", "execute_result")
-            and mime in o.get("data", {})]
-
-
-def _error(cell) -> str | None:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            return f"{output['ename']}: {output['evalue']}"
-    return None
-
-
-def exercise_results(notebook, points: dict | None = None) -> list[dict]:
-    """Per graded exercise of an executed notebook: grade_id, points, status, summary.
-
-    ``points`` ({grade_id: points}, from the course's source): only those exercises count,
-    worth that much, read from the last cell with that grade_id ("missing" if there is none).
-    Without it, every grade cell of the notebook counts with the points it declares."""
-    cells = {}
-    for cell in notebook.cells:
-        meta = _meta(cell)
-        if meta.get("grade_id") and (meta.get("grade") or points is not None):
-            cells[meta["grade_id"]] = cell
-    points = points if points is not None else {g: _meta(c).get("points", 0)
-                                                for g, c in cells.items()}
+def verdict_results(findings: Findings, points: dict) -> list[dict]:
+    """Per check cell of the source: grade_id, points, status, earned, summary, from the
+    grader's own verdicts."""
     results = []
     for grade_id, worth in points.items():
-        cell = cells.get(grade_id)
-        found = _bundles(cell, MIME_TYPE) if cell is not None else []
-        verdict = found[-1] if found and isinstance(found[-1], dict) else None
-        status = str(verdict.get("status")) if verdict else NOT_RUN if cell else "missing"
-        summary = (str(verdict.get("summary")) if verdict else
-                   (_error(cell) or "the notebook stopped before this cell") if cell else
-                   "the check cell was deleted")
+        verdict = findings.verdicts.get(grade_id, ...)
+        if verdict is ...:
+            status, summary = NOT_RUN, findings.detail or "the grader's run stopped before it"
+        elif not isinstance(verdict, dict):
+            status, summary = "failed", "the check cell showed no verdict"
+        else:
+            status, summary = str(verdict.get("status")), str(verdict.get("summary"))
         results.append({"grade_id": grade_id, "points": worth, "status": status,
                         "earned": worth if status == "passed" else 0, "summary": summary})
     return results
 
 
-def quiz_scores(notebook, quiz_dir: Path) -> dict[str, tuple[int, int]]:
-    """Quiz name -> (score, max), from the records saved in a notebook, re-scored."""
-    scores = {}
+def exercise_results(notebook) -> list[dict]:
+    """The verdicts an executed notebook *displayed* (``labkit.check.MIME_TYPE``), per grade
+    cell: for the suite's own runs of its course (``tests/test_notebooks.py``), never for
+    grading, where the submission could have displayed anything."""
+    results = []
     for cell in notebook.cells:
-        for record in _bundles(cell, RECORD_MIME):
-            name = record.get("quiz") if isinstance(record, dict) else None
-            path = Path(quiz_dir) / f"{name}.json"
-            if not isinstance(name, str) or "/" in name or not path.exists():
-                continue  # a quiz this course does not have: nothing to score it against
-            questions = load_quiz(path)
-            answers, expected = record.get("answers"), record.get("expected")
-            answers = answers if isinstance(answers, dict) else {}
-            expected = expected if isinstance(expected, dict) else {}
-            score = sum(q.is_right(entry["first"], expected.get(q.id)) for q in questions
-                        if isinstance(entry := answers.get(q.id), dict) and "first" in entry)
-            scores[name] = (score, len(questions))
-    return scores
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not (meta.get("grade") and meta.get("grade_id")):
+            continue
+        shown = [o["data"][MIME_TYPE] for o in cell.get("outputs", [])
+                 if MIME_TYPE in o.get("data", {})]
+        verdict = shown[-1] if shown and isinstance(shown[-1], dict) else {}
+        status = str(verdict.get("status", NOT_RUN))
+        results.append({"grade_id": meta["grade_id"], "points": meta.get("points", 0),
+                        "status": status, "summary": str(verdict.get("summary", ""))})
+    return results
+
+
+def _records(notebook) -> list:
+    return [o["data"][RECORD_MIME] for cell in notebook.cells for o in cell.get("outputs", [])
+            if o.get("output_type") in ("display_data", "execute_result")
+            and RECORD_MIME in o.get("data", {})]
+
+
+def quiz_scores(notebook, quiz_dir: Path, expected: dict) -> tuple[dict, list[str]]:
+    """({quiz: (score, max)}, notes): first answers from the submission's records, measured
+    values from ``expected`` ({quiz: {question id: value}}, the grader's run)."""
+    scores, notes = {}, []
+    for record in _records(notebook):
+        name = record.get("quiz") if isinstance(record, dict) else None
+        path = Path(quiz_dir) / f"{name}.json"
+        if not isinstance(name, str) or "/" in name or not path.exists():
+            notes.append("a quiz record that names no quiz of this course was ignored")
+            continue
+        questions, answers = load_quiz(path), record.get("answers")
+        if not isinstance(answers, dict):
+            scores[name] = (0, len(questions))
+            notes.append(f"quiz {name}: its saved record does not parse: scored 0")
+            continue
+        measured, score, unread = expected.get(name), 0, 0
+        for q in questions:
+            entry = answers.get(q.id)
+            if entry is None:
+                continue
+            if not isinstance(entry, dict) or "first" not in entry:
+                unread += 1
+            elif q.kind != "number" or (measured and q.id in measured):
+                score += q.is_right(entry["first"], (measured or {}).get(q.id))
+        if unread:
+            notes.append(f"quiz {name}: {unread} saved answer(s) do not parse: scored 0")
+        if measured is None and any(q.kind == "number" for q in questions):
+            notes.append(f"quiz {name}: the grader's run did not reach the quiz, so its "
+                         "measured questions scored 0")
+        scores[name] = (score, len(questions))
+    return scores, notes
 
 
 @dataclass
@@ -134,113 +142,50 @@ class Submission:
         return row
 
 
-def _kill_tree(pid: int) -> None:
-    """Kill a process and everything below it (papermill, its kernel, the kernel's ranks)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-        family = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return
-    for process in family:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
+STATUS = {"done": "graded", "error": "error", "timeout": "timeout", "died": "error"}
 
 
-def _execute(src: Path, dst: Path, work: Path, parameters: dict, cell_timeout: float,
-             timeout: float) -> tuple[str, str]:
-    """Run papermill in a process of its own; (status, detail)."""
-    command = [sys.executable, str(REAPER), sys.executable, "-m", "papermill", str(src),
-               str(dst), "--cwd", str(work),
-               "--kernel", "python3", "--execution-timeout", str(int(cell_timeout)),
-               "--no-progress-bar", "--no-log-output"]
-    if parameters:
-        command += ["-y", json.dumps(parameters)]
-    log = open(work / "papermill.log", "w")
-    # reveal shows nothing in a graded kernel: an answer cell that runs the reference
-    # solution (exec(labkit.check.reveal(...).code)) earns nothing
-    env = dict(os.environ, **{GRADING_ENV: "1"})
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-    try:
-        code = process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_tree(process.pid)
-        return "timeout", f"stopped after {timeout:g} s (a cell or the notebook hung)"
-    finally:
-        log.close()
-    if code == 0:
-        return "graded", ""
-    if not (work / "papermill.log").exists():
-        return "error", "the notebook deleted its own working folder"
-    log_text = (work / "papermill.log").read_text(errors="replace")
-    if "CellTimeoutError" in log_text or "Cell execution timed out" in log_text:
-        return "timeout", f"a cell ran past the cell time limit ({cell_timeout:g} s)"
-    tail = log_text.strip().splitlines()[-3:]
-    return "error", " | ".join(tail)[-400:]
+def _detail(findings: Findings, exercises: list, notes: list) -> str:
+    parts = [findings.detail] if findings.detail else []
+    if findings.limits:
+        parts.append("contained: the submission " + ", ".join(findings.limits))
+    parts += [f"{e['grade_id']}: {e['summary']}"[:300] for e in exercises
+              if e["status"] not in ("passed", NOT_RUN)]
+    return " | ".join(parts + notes)
 
 
-PAPERMILL_TAGS = {"papermill-error-cell-tag", "injected-parameters"}
-
-
-def _where_it_stopped(notebook) -> str:
-    """"cell N raised ...", N counting the submission's own cells (not papermill's)."""
-    own = [c for c in notebook.cells
-           if not PAPERMILL_TAGS & set(c.get("metadata", {}).get("tags", []))]
-    for index, cell in enumerate(own):
-        error = _error(cell)
-        if error:
-            return f"cell {index} raised {error}"
-    return ""
-
-
-def _course(path: Path, notebook, source_dir: Path | None):
-    """(the course's source for this submission: its path, or None; whether a course is at
-    hand: a ``source_dir`` holding notebooks)."""
-    if source_dir is None or not any(Path(source_dir).glob("*.ipynb")):
-        return None, False
-    return find_source(path, notebook, source_dir), True
-
-
-def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None = None,
+def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
                      parameters: dict | None = None, cell_timeout: float = 300,
-                     timeout: float = 1800) -> Submission:
-    """Execute one submission in a fresh folder and process; never raises for the notebook's
-    own faults (they become the row's status)."""
+                     timeout: float = 1800, sandboxed: bool = True,
+                     limits: Limits = Limits()) -> Submission:
+    """Grade one submission (see the module's docstring); never raises for the notebook's own
+    faults (they become the row's status)."""
     result, start = Submission(Path(path)), time.monotonic()
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is a row, not a crash
         result.status, result.detail = "unreadable", f"{type(exc).__name__}: {exc}"
         return result
-    result.quizzes = quiz_scores(notebook, quiz_dir)
-    found, have_course = _course(Path(path), notebook, source_dir)
-    if have_course and found is None:
+    found = (find_source(Path(path), notebook, source_dir)
+             if source_dir is not None and any(Path(source_dir).glob("*.ipynb")) else None)
+    if found is None:
         result.status = "no source"
-        result.detail = (f"no notebook in {source_dir} has this file's name or any of its "
-                         "exercises: grade it under its course name (e.g. 00_your_cluster"
-                         ".ipynb); its own check cells are not trusted")
+        result.detail = (f"no course notebook in {source_dir} has this file's name or any of "
+                         "its exercises: grade it with the course's sources (--source) under "
+                         "its course name (e.g. 00_your_cluster.ipynb)")
         return result
-    source = nbformat.read(found, as_version=4) if found else None
-    points = grade_points(source) if source is not None else None
-    if source is not None:
-        result.course = found.stem
-        restore_checks(notebook, source)
+    source = nbformat.read(found, as_version=4)
+    result.course = found.stem
+    cells = checker_cells(source, notebook, parameters)
+    hidden = [cell.pop("hidden") for cell in cells if "hidden" in cell]
+    spec = {"cells": cells, "cell_timeout": cell_timeout}
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
-        work = Path(tmp)
-        shutil.copytree(quiz_dir, work / "quizzes")
-        src, dst = work / "submission.ipynb", work / "executed.ipynb"
-        nbformat.write(notebook, src)
-        result.status, result.detail = _execute(src, dst, work, parameters or {},
-                                                cell_timeout, timeout)
-        executed = nbformat.read(dst, as_version=4) if dst.exists() else notebook
-    result.exercises = exercise_results(executed, points)
-    if result.status == "error":
-        result.detail = _where_it_stopped(executed) or result.detail
+        prepare_job(Path(tmp), spec, Path(quiz_dir), sandboxed)
+        findings = run_checker(Path(tmp), hidden, timeout, sandboxed, limits)
+    result.status = STATUS[findings.ending]
+    result.exercises = verdict_results(findings, grade_points(source))
+    result.quizzes, notes = quiz_scores(notebook, quiz_dir, findings.expected)
+    result.detail = _detail(findings, result.exercises, notes)
     result.seconds = time.monotonic() - start
     return result
 
@@ -263,13 +208,19 @@ def submissions(paths, echo=print) -> list[Path]:
 
 
 def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | None = None,
-          parameters: dict | None = None, cell_timeout: float = 300,
-          timeout: float = 1800, jobs: int = 1, echo=print) -> list[Submission]:
+          parameters: dict | None = None, cell_timeout: float = 300, timeout: float = 1800,
+          jobs: int = 1, sandboxed: bool = True, limits: Limits = Limits(),
+          echo=print) -> list[Submission]:
     """Grade every submission in ``paths`` (notebooks, or folders of them) and write ``out``
-    (CSV, in the order given). ``jobs`` submissions run at once, each in its own process and
-    folder."""
+    (CSV, in the order given). ``jobs`` submissions run at once, each in its own sandbox.
+    Raises ``SandboxError`` if ``sandboxed`` and no sandbox can be made here."""
     from concurrent.futures import ThreadPoolExecutor
 
+    if sandboxed and (why := problem()):
+        raise SandboxError(f"cannot grade in a sandbox here: {why}. To grade anyway, pass "
+                           + UNSAFE)
+    if not sandboxed:
+        echo("warning: grading without a sandbox (" + UNSAFE + ")")
     quiz_dir = Path(quiz_dir or REPO / "notebooks" / "quizzes")
     source_dir = source_dir if source_dir is not None else (
         REPO / "course" if (REPO / "course").is_dir() else None)
@@ -277,10 +228,10 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
     def one(path) -> Submission:
         try:
             result = grade_submission(Path(path), quiz_dir, source_dir, parameters,
-                                      cell_timeout, timeout)
+                                      cell_timeout, timeout, sandboxed, limits)
         except Exception as exc:  # noqa: BLE001 - one submission never stops the others
-            result = Submission(Path(path), "error", f"grading failed: {type(exc).__name__}: "
-                                f"{exc}"[:400])
+            result = Submission(Path(path), status="error", detail=(
+                f"grading failed: {type(exc).__name__}: {exc}")[:400])
         row = result.row()
         echo(f"{path}: {result.status}, {row['points']}/{row['max_points']} points"
              + (f" ({result.detail})" if result.detail else ""))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.classroom.release import release_cell
+from labkit.classroom.release import BEGIN_HIDDEN, END_HIDDEN, _regions, release_cell
 
 
 def _meta(cell) -> dict:
@@ -58,3 +58,49 @@ def restore_checks(notebook, source) -> list[str]:
             notebook.cells[i] = released[grade_id]
             seen.add(grade_id)
     return sorted(set(released) - seen)
+
+
+def hidden_tests(cell) -> str:
+    """The code between a check cell's hidden-test markers ("" if it has none)."""
+    lines = cell.source.split("\n")
+    return "\n".join(line for start, stop in _regions(lines, BEGIN_HIDDEN, END_HIDDEN, "cell")
+                     for line in lines[start + 1:stop])
+
+
+def _parameters_cell(parameters: dict) -> str:
+    return "# parameters injected by the grader\n" + "\n".join(
+        f"{name} = {value!r}" for name, value in parameters.items())
+
+
+def checker_cells(source, submission, parameters: dict | None = None) -> list[dict]:
+    """The cells the grader's checker runs (``checker.py``): the source's code cells as the
+    learners received them (solutions and hidden tests removed), with ``parameters`` after the
+    cell tagged ``parameters``, and for each answer cell the submission's cell of the same
+    grade_id (the learners' stub if it has none), to be run on the ranks only.
+
+    Each: {kind: "code" | "answer", source, grade_id and hidden (check cells: its hidden
+    tests, which the grader hands the checker apart, never in the job's files), names (answer
+    cells: what the source's cell defines, the only names bound in the checker), position
+    (its index in the source)}."""
+    from labkit.classroom.answers import defined_names
+
+    mine = {_meta(c)["grade_id"]: c.source for c in submission.cells
+            if c.cell_type == "code" and _meta(c).get("grade_id")}
+    cells = []
+    for position, cell in enumerate(source.cells):
+        if cell.cell_type != "code":
+            continue
+        meta, released = _meta(cell), release_cell(cell, f"cell {position}", set())
+        if meta.get("solution"):
+            answer = mine.get(meta.get("grade_id"), released.source)
+            cells.append({"kind": "answer", "source": answer, "position": position,
+                          "names": defined_names(cell.source)})
+            continue
+        graded = bool(meta.get("grade"))
+        cells.append({"kind": "code", "source": released.source, "position": position,
+                      "grade_id": meta.get("grade_id") if graded else None,
+                      **({"hidden": hidden_tests(cell)} if graded else {})})
+        if parameters and "parameters" in cell.get("metadata", {}).get("tags", []):
+            cells.append({"kind": "code", "source": _parameters_cell(parameters),
+                          "position": position, "grade_id": None})
+    return cells

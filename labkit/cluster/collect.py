@@ -7,11 +7,10 @@ from __future__ import annotations
 import signal
 import time
 
-import cloudpickle
-
 from labkit.cluster.errors import RankError, RunTimeout
 from labkit.cluster.messages import in_collective, user_frame
 from labkit.cluster.output import drain
+from labkit.cluster.untrusted import loads
 from labkit.memory import DeviceOOM
 
 FAILURE_GRACE_S = 0.3  # after a first failure, wait this long for the others' reports
@@ -52,7 +51,7 @@ def load_results(blobs: list[bytes]) -> list:
     values = []
     for rank, blob in enumerate(blobs):
         try:
-            values.append(cloudpickle.loads(blob))
+            values.append(loads(blob))
         except Exception as exc:  # noqa: BLE001 - e.g. a class that exists only on the ranks
             raise RankError(rank, f"its result could not be rebuilt in the notebook: "
                             f"{type(exc).__name__}: {exc}. Return plain Python values or "
@@ -79,7 +78,7 @@ def _exception(message: tuple) -> tuple[BaseException | None, str]:
     if message[0] != "error" or message[5] is None:
         return None, ""
     try:
-        return cloudpickle.loads(message[5]), ""
+        return loads(message[5]), ""
     except Exception as exc:  # noqa: BLE001 - its class may exist only on the ranks
         return None, f" (its exception could not be rebuilt here: {type(exc).__name__}: {exc})"
 

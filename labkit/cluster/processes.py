@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection, wait
 from labkit.cluster.errors import ClusterError
 from labkit.cluster.launcher import start_zygote
 from labkit.cluster.output import RankStream, drain
+from labkit.cluster.untrusted import loads
 from labkit.cluster.zygote import kill_group
 
 EXIT_WAIT_S = 5.0
@@ -112,7 +113,7 @@ class Processes:
                 return
             if not data:
                 return
-            message = pickle.loads(data)
+            message = loads(data)
             if message[0] == "spawned":
                 _, rank, pid = message
                 for handle in self.ranks:
@@ -137,8 +138,9 @@ class Processes:
             if conn not in ready and handle.pid not in self.exitcodes:
                 continue
             try:  # an ended rank's socket may live on in a child of it: do not wait for it
-                message = conn.recv() if conn in ready or conn.poll(0) else ("died",)
-            except (EOFError, OSError):
+                readable = conn in ready or conn.poll(0)
+                message = loads(conn.recv_bytes()) if readable else ("died",)
+            except (EOFError, OSError, pickle.UnpicklingError):
                 message = ("died",)
             yield handle, message
 
@@ -171,7 +173,7 @@ class Processes:
         for handle in self.ranks:
             try:
                 while handle.conn.poll(0):  # end of file, or stray messages to discard
-                    handle.conn.recv()
+                    handle.conn.recv_bytes()
             except (EOFError, OSError):
                 dead.append(handle)
                 continue

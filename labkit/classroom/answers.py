@@ -1,0 +1,89 @@
+"""A learner's answer cells, run on the ranks only: how the grader's checker calls them.
+
+The checker (``checker.py``) never executes a learner's cell in its own process. For each name
+an answer cell defines (``def ring_all_reduce``, a class), it binds an ``Answer``: a small
+object that a check hands to ``cluster.run`` like the function itself. It travels to the ranks
+as text (the answer cells' sources and the names of the modules the notebook imported), and on
+a rank, at its first call, the sources are executed there and the call goes to the learner's
+function. Whatever the cell does at module level (replace ``labkit.check``, patch builtins or
+the display) happens on a rank, never where the verdict is computed.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import os
+
+_EXECUTED: dict[str, dict] = {}  # on a rank: the answers' namespaces, by their sources' hash
+_IN_CHECKER = False  # True in the checker's own process (mark_checker_process)
+
+
+class AnswerOnHost(RuntimeError):
+    """An answer was called in the checker's own process (it runs on the ranks only)."""
+
+
+def defined_names(source: str) -> list[str]:
+    """The top-level names a cell defines (functions, classes, assignments); [] if it does
+    not parse (the error then shows on the ranks, where it is executed)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return list(dict.fromkeys(names))
+
+
+class Answer:
+    """``name`` as defined by the answer cells ``sources`` (executed in order, on a rank, in a
+    namespace holding the notebook's imported ``modules``: {name: module name})."""
+
+    def __init__(self, name: str, sources: tuple[str, ...], modules: dict[str, str]):
+        self.name, self.sources, self.modules = name, tuple(sources), dict(modules)
+        self.__name__ = self.__qualname__ = name
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.name}, run on the ranks>"
+
+    def resolve(self):
+        """The learner's object on this rank (its cells executed here once)."""
+        if _IN_CHECKER:
+            raise AnswerOnHost(f"{self.name} runs on the ranks only, not in the grader")
+        key = hashlib.sha256("\0".join(self.sources).encode()).hexdigest()
+        if key not in _EXECUTED:
+            namespace = {"__name__": "__main__"}
+            namespace.update({alias: importlib.import_module(module)
+                              for alias, module in self.modules.items()})
+            _EXECUTED[key] = namespace
+            for n, source in enumerate(self.sources):
+                exec(compile(source, f"<answer cell {n + 1}>", "exec"), namespace)  # noqa: S102
+        namespace = _EXECUTED[key]
+        if self.name not in namespace:
+            raise NameError(f"name {self.name!r} is not defined: the answer cell must define "
+                            f"{self.name} (keep the name the notebook gave it)")
+        return namespace[self.name]
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+
+def mark_checker_process() -> None:
+    """Called once by the checker: an ``Answer`` called in this process refuses to run.
+    Ranks forked from it later run answers as usual (``os.register_at_fork`` resets it)."""
+    global _IN_CHECKER
+    _IN_CHECKER = True
+
+
+def _reset_after_fork() -> None:
+    global _IN_CHECKER
+    _IN_CHECKER = False
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

