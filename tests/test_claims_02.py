@@ -140,10 +140,13 @@ def test_at_the_smallest_batch_the_allreduce_and_the_optimizer_are_most_of_the_s
     assert last["many"]["comm_s"] + last["optimizer_s"] > 0.5 * last["many"]["step_s"]
 
 
-def test_the_model_follows_the_measurement_down(nb):
-    predicted = [p["predicted_speedup"] for p in nb.results["walk"]["points"]]
+def test_the_model_falls_with_the_measurement_though_not_as_far(nb):
+    points = nb.results["walk"]["points"]
+    predicted = [p["predicted_speedup"] for p in points]
     assert predicted == sorted(predicted, reverse=True)
     assert predicted[-1] < predicted[0] - 0.3
+    if nb.results["device"] == "cpu":  # what it leaves out: DDP's work, a slower AllReduce
+        assert points[-1]["speedup"] < predicted[-1] + 0.1
 
 
 def test_weak_scaling_stays_above_strong_scaling(nb):
