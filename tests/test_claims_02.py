@@ -55,6 +55,12 @@ def test_each_start_ends_at_its_own_loss(nb):
     assert len(set(ends)) == len(ends) == nb.results["world_size"]
 
 
+def test_the_small_runs_spend_much_of_their_steps_averaging_the_gradient(nb):
+    n = nb.results["world_size"]
+    split = nb.results["parity_split"][f"ddp, {n} devices"]  # the explorer opens on it
+    assert split["comm_s"] > 0.15 * split["step_s"]
+
+
 def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
     """The time wall's first half: compute-bound, N devices run a step >= 1.5x faster than one
     (CPU ranks, one core each; on GPUs, faster than one device)."""
@@ -69,7 +75,7 @@ def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
 def test_the_allreduce_adds_an_orange_sliver(nb):
     _, ddp, _ = _names(nb.results)
     split = nb.results["split"][ddp]
-    assert 0 <= split["comm_s"] < 0.1 * split["step_s"]
+    assert 0 <= split["comm_s"] < 0.15 * split["step_s"]  # 3-7% quiet; a lagging rank adds
 
 
 def test_taking_turns_takes_about_as_long_as_the_whole_batch_on_one_device(nb):
