@@ -1,7 +1,9 @@
 """The claims of notebook 02_data_parallel, asserted at its classroom defaults.
 
 Each test is named after the sentence of the lesson it protects; the notebook is executed
-once (tests/lessons.py) and every test here reads what it recorded.
+once (tests/lessons.py) and every test here reads what it recorded. The speedup depends on the
+machine: the notebook prints it, and the floor asserted here is the one a quiet 2-core machine
+(CI) clears with margin, one CPU rank per core.
 """
 
 from __future__ import annotations
@@ -10,37 +12,159 @@ import pytest
 
 from tests.lessons import lesson
 
+SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
+
 
 @pytest.fixture(scope="module")
 def nb():
     return lesson("02_data_parallel")
 
 
+def _names(results):
+    n = results["world_size"]
+    return "1 device", f"ddp, {n} devices", f"1 device, {n} slices in turn"
+
+
+def _walk(results):
+    return {p["global_batch"]: p for p in results["walk"]["points"]}
+
+
 def test_recorded_values(nb):
     results = nb.results
-    gaps = results["parity_gap"]
-    assert len(gaps) == 4 and all(gap < 1e-4 for gap in gaps.values())  # same training
     for name, split in results["split"].items():
         assert abs(split["compute_s"] + split["comm_s"] - split["step_s"]) < 1e-9, name
     n = results["world_size"]
-    assert results["strong"]["1"] == 1.0 and results["weak"]["1"] == 1.0
-    assert results["strong"][str(n)] > 0 and results["bus_bandwidth"] > 0
-    comm = results["comm"][str(n)]
-    assert comm["bytes"] > 0 and comm["predicted_s"] > 0 and comm["measured_busy_s"] > 0
-    # the runs the quizzes point to (evidence:... cells)
-    assert results["held_out"]["gap"] < 1e-5  # N devices generalise exactly as one
-    ends = results["endpoints"]["held_out_losses"]
-    assert len(set(ends)) == len(ends) == n  # different starts, different ends
-    turns = results["turns"]
-    assert turns["utilisation"]["turns"] <= 1 / n + 0.05  # each device busy ~1/N of a step
-    work = results["work"]
-    assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
-    whole, accumulated = results["accumulation_activations"].values()
-    assert accumulated < whole  # accumulation saves activation memory, not time
+    assert n >= 2 and results["strong"]["1"] == 1.0 and results["weak"]["1"] == 1.0
     timeline = results["bucket_timeline"]  # the overlap plot's buckets are DDP's
     assert len(timeline["buckets"]) == timeline["ddp_buckets"] > 1
     assert all(0 <= b["issued"] <= b["done"] for b in timeline["buckets"])
-    fit = results["ring_fit"]  # the ring formula's terms come from other sizes than it predicts
+
+
+def test_the_three_curves_lie_on_top_of_each_other(nb):
+    gaps = nb.results["parity_gap"]
+    assert len(gaps) == 3 and all(gap < 1e-4 for gap in gaps.values())  # float32 rounding
+    assert nb.results["timed_parity_gap"] < 1e-4  # the timing runs train the same too
+
+
+def test_the_held_out_losses_agree_to_float_rounding(nb):
+    assert nb.results["held_out"]["gap"] < 1e-5
+
+
+def test_each_start_ends_at_its_own_loss(nb):
+    ends = nb.results["endpoints"]["held_out_losses"]
+    assert len(set(ends)) == len(ends) == nb.results["world_size"]
+
+
+def test_the_small_runs_spend_much_of_their_steps_averaging_the_gradient(nb):
+    n = nb.results["world_size"]
+    split = nb.results["parity_split"][f"ddp, {n} devices"]  # the explorer opens on it
+    assert split["comm_s"] > 0.15 * split["step_s"]
+
+
+def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
+    """The time wall's first half: compute-bound, N devices run a step >= 1.5x faster than one
+    (CPU ranks, one core each; on GPUs, faster than one device)."""
+    results = nb.results
+    one, ddp, _ = _names(results)
+    speedup = results["speedup"]
+    assert speedup == pytest.approx(results["step_ms"][one] / results["step_ms"][ddp])
+    floor = SPEEDUP_FLOOR if results["device"] == "cpu" else 1.0
+    assert speedup >= floor, f"{speedup:.2f}x on {results['world_size']} ranks"
+
+
+def test_the_allreduce_adds_an_orange_sliver(nb):
+    _, ddp, _ = _names(nb.results)
+    split = nb.results["split"][ddp]
+    assert 0 <= split["comm_s"] < 0.15 * split["step_s"]  # 3-7% quiet; a lagging rank adds
+
+
+def test_taking_turns_takes_about_as_long_as_the_whole_batch_on_one_device(nb):
+    one, ddp, turns = _names(nb.results)
+    step_ms = nb.results["step_ms"]
+    assert step_ms[turns] > 0.8 * step_ms[one]  # no faster than the whole batch at once
+    assert step_ms[turns] > step_ms[ddp]  # speed comes from computing at the same time
+
+
+def test_taking_turns_keeps_one_slice_of_activations_alive(nb):
+    whole, accumulated = nb.results["accumulation_activations"].values()
+    assert accumulated < 0.75 * whole  # about 1/N of them, plus what every slice shares
+
+
+def test_taking_turns_each_device_is_busy_for_its_own_slice_only(nb):
+    turns, n = nb.results["turns"], nb.results["world_size"]
+    assert turns["utilisation"]["turns"] <= 1 / n + 0.05
+    assert turns["device_seconds"]["turns"] == pytest.approx(n * turns["wall_s"]["turns"])
+
+
+def test_the_ranks_flops_add_up_to_one_devices(nb):
+    work = nb.results["work"]
+    assert sum(work["flops"]) == work["whole_flops"] and work["flops_per_s"] > 0
+
+
+def test_the_ring_model_is_checked_on_a_size_it_was_not_fitted_on(nb):
+    fit = nb.results["ring_fit"]
     assert fit["held_out_bytes"] not in fit["sizes_bytes"] and len(fit["sizes_bytes"]) >= 2
     assert fit["bandwidth"] > 0 and fit["predicted_s"] > 0 and fit["held_out_s"] > 0
-    assert results["bus_bandwidth"] == fit["bandwidth"]
+    walk = nb.results["walk"]["points"][0]  # the held-out size is the walk's gradient
+    assert fit["held_out_bytes"] == walk["many"]["comm_bytes"]
+
+
+def test_the_walk_starts_at_the_runs_timed_above(nb):
+    one, ddp, _ = _names(nb.results)
+    first = nb.results["walk"]["points"][0]
+    assert first["one"]["step_s"] * 1e3 == pytest.approx(nb.results["step_ms"][one])
+    assert first["many"]["step_s"] * 1e3 == pytest.approx(nb.results["step_ms"][ddp])
+
+
+def test_with_a_large_batch_per_rank_f_is_nearly_the_whole_step(nb):
+    first = nb.results["walk"]["points"][0]
+    assert first["optimizer_s"] < 0.05 * first["one"]["step_s"]
+    assert first["many"]["predicted_comm_s"] < 0.1 * first["many"]["step_s"]
+
+
+def test_as_the_batch_per_rank_shrinks_the_speedup_falls_to_about_one(nb):
+    """The time wall's second half: the communication-bound end of the walk is clearly
+    slower than its compute-bound start."""
+    points = nb.results["walk"]["points"]
+    first, last = points[0], points[-1]
+    assert last["samples_per_rank"] < first["samples_per_rank"]
+    assert last["speedup"] < 0.8 * first["speedup"] and last["speedup"] < 1.3
+    # what does not shrink, the AllReduce and the optimizer step, weighs more and more
+    fixed = [(p["many"]["predicted_comm_s"] + p["optimizer_s"]) / p["one"]["step_s"]
+             for p in points]
+    assert fixed == sorted(fixed) and fixed[-1] > 4 * fixed[0]
+
+
+def test_at_the_smallest_batch_the_devices_together_are_slower_than_one_alone(nb):
+    if nb.results["device"] != "cpu":
+        pytest.skip("measured for CPU ranks, one core each")
+    assert nb.results["walk"]["points"][-1]["speedup"] < 1.0
+
+
+def _divided_share(point, n):
+    """F/N, one device's forward and backward divided over N ranks, as a share of their step."""
+    return (point["one"]["step_s"] - point["optimizer_s"]) / n / point["many"]["step_s"]
+
+
+def test_at_the_smallest_batch_the_divided_computation_is_only_a_small_part_of_the_step(nb):
+    points, n = nb.results["walk"]["points"], nb.results["world_size"]
+    assert _divided_share(points[0], n) > 0.6  # at the compute-bound start, most of it
+    assert _divided_share(points[-1], n) < 0.4
+
+
+def test_the_model_falls_with_the_measurement_though_not_as_far(nb):
+    points = nb.results["walk"]["points"]
+    predicted = [p["predicted_speedup"] for p in points]
+    assert predicted == sorted(predicted, reverse=True)
+    assert predicted[-1] < predicted[0] - 0.3
+    if nb.results["device"] == "cpu":  # what it leaves out: DDP's work, a slower AllReduce
+        assert points[-1]["speedup"] < predicted[-1] + 0.1
+
+
+def test_weak_scaling_stays_above_strong_scaling(nb):
+    results = nb.results
+    n, batch = str(results["world_size"]), results["weak_batch"]
+    assert results["strong"][n] == pytest.approx(_walk(results)[batch]["speedup"])
+    assert results["strong"][n] < 1.3  # where strong scaling no longer paid
+    assert results["weak"][n] > results["strong"][n] + 0.1
+    assert results["weak"][n] > 1.0  # more samples per second than one device

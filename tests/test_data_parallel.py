@@ -112,6 +112,30 @@ def test_scaling_sweep_and_the_ring_model(one):
         labkit.scaling_sweep(one, "mlp", 2e5, (2, 4))
 
 
+def test_batch_sweep_reuses_runs_and_predicts_the_step(one, two):
+    """The walk into the communication wall: each batch on one device and on N, runs already
+    made taken as they are, the model's step F/N + O + AllReduce beside the measurement."""
+    config = labkit.TrainConfig(model=MLPConfig(), global_batch=32, steps=3)
+    ddp = labkit.train(two, config, strategy="ddp", estimate=False)
+    walk = labkit.batch_sweep(two, config, [32, 8], measured=[ddp])
+    assert two.world_size == 2 and walk.reports[0] is ddp  # reused, not trained again
+    big, small = walk.point(32), walk.point(8)
+    assert big.many.step_s == ddp.median_step_s and small.samples_per_rank == 4
+    assert big.many.predicted_comm_s == 0  # no comm_model given: no prediction
+    step = (big.one.step_s - big.optimizer_s) / 2 + big.optimizer_s
+    assert big.predicted_step_s == pytest.approx(step)
+    assert walk.strong(8).speedup(2) == pytest.approx(small.speedup)
+    weak = labkit.scaling_sweep(two, config.model, world_sizes=(1, 2), global_batch=8,
+                                mode="weak", steps=3, measured=walk.reports)
+    assert weak.point(1).step_s == small.one.step_s  # the walk's one-device run at 8
+    assert labkit.plots.plot_batch_sweep(walk).axes
+    assert labkit.plots.plot_speedup([walk.strong(8), weak]).axes
+    with pytest.raises(ValueError, match="do not split"):
+        labkit.batch_sweep(two, config, [9])
+    with pytest.raises(ValueError, match="2 ranks or more"):
+        labkit.batch_sweep(one, config, [8])
+
+
 def test_scaling_explorer_redraws_when_the_gpu_count_moves():
     with labkit.Cluster(1, device="cpu", progress=False) as cluster:
         box = labkit.widgets.scaling_explorer(cluster, "mlp", (2e5,), (1, 2), world_size=1,
@@ -121,6 +145,18 @@ def test_scaling_explorer_redraws_when_the_gpu_count_moves():
         box.runner.wait(timeout=60)
         assert cluster.world_size == 1  # measured on 2 ranks, then back to the count it had
         assert box.plot.outputs[0]["data"]["image/png"] != before
+        assert box.batch.disabled  # one batch offered: nothing to move
+
+
+def test_scaling_explorer_offers_batches_and_shows_runs_already_made(one):
+    config = labkit.TrainConfig(model=labkit.models.sized("mlp", 2e5), global_batch=16, steps=2)
+    known = labkit.train(one, config, estimate=False)
+    explorer = labkit.widgets.ScalingExplorer(one, "mlp", (2e5,), (1, 2), global_batch=16,
+                                              batches=(16, 32), steps=2, measured=[known])
+    params = explorer.sizes[0]
+    assert explorer.point(params, 1, 16).step_s == known.median_step_s  # shown, not retrained
+    assert explorer.point(params, 2, 32).global_batch == 32 and one.world_size == 1
+    assert explorer.result(params, 2, 32).speedup(2) > 0
 
 
 def test_every_training_option_reaches_the_config_from_torchrun_s_command_line():

@@ -17,7 +17,13 @@ from labkit.plots.memory import (
     plot_rank_memory,
 )
 from labkit.plots.pipeline import plot_gantt
-from labkit.plots.scaling import plot_losses, plot_speedup, plot_step_breakdown, plot_step_times
+from labkit.plots.scaling import (
+    plot_batch_sweep,
+    plot_losses,
+    plot_speedup,
+    plot_step_breakdown,
+    plot_step_times,
+)
 from labkit.plots.sharding import (
     plot_boundaries,
     plot_comm_price,
@@ -30,7 +36,7 @@ register_ipython_display()
 
 __all__ = ["plot_boundaries", "plot_comm_price", "plot_sharded_memory", "plot_zero_stages",
            "figure_png", "plot_all_reduce", "plot_boundary", "plot_estimates", "plot_gantt",
-           "plot_losses",
+           "plot_losses", "plot_batch_sweep",
            "plot_memory_bars", "plot_rank_memory", "plot_speedup", "plot_step_breakdown",
            "plot_step_times", "plot_split_matmul", "plot_tp_degrees", "plot_tp_vs_ddp"]
 __all__ += ["plot_layout_run", "plot_rank_grid", "plot_scenario"]

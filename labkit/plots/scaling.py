@@ -1,4 +1,5 @@
-"""Plots of time: loss curves side by side, step-time breakdowns, speedup against ideal."""
+"""Plots of time: loss curves side by side, step-time breakdowns, speedup against ideal, and
+the speedup as the batch per rank shrinks."""
 
 from __future__ import annotations
 
@@ -60,29 +61,84 @@ def plot_step_breakdown(scaling, title: str = "", ax=None) -> Figure:
     ax.set_title(title or f"{scaling.model} ({scaling.params / 1e6:.2g}M), {scaling.strategy},"
                           f" {scaling.mode} scaling: measured here", fontsize=9)
     ax.set_ylim(0, 1.45 * max(max(compute + comm), max(compute + np.array(predicted))))
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", markerscale=0.4)  # the model's mark is 30 wide
     return ax.figure
 
 
 def plot_speedup(scaling, ax=None) -> Figure:
-    """Measured speedup over one device, the ideal line, and where ranks start sharing cores."""
-    worlds = [p.world_size for p in scaling.points]
+    """Measured speedup over one device, the ideal line, and where ranks start sharing cores.
+    ``scaling`` is a ``ScalingResult``, or several (strong and weak scaling on one axis, each
+    line labelled by its mode)."""
+    results = list(scaling) if isinstance(scaling, list | tuple) else [scaling]
+    worlds = sorted({p.world_size for result in results for p in result.points})
     ax = _axes(ax, (5, 3.6))
-    top = max(worlds)
+    top, cores = max(worlds), results[0].cores
     ax.plot([1, top], [1, top], color="grey", ls="--", label="ideal (N x)")
-    ax.plot(worlds, [scaling.speedup(n) for n in worlds], "o-", color="tab:green",
-            label="measured")
-    for n in worlds:
-        ax.annotate(f"{scaling.speedup(n):.2f}x", (n, scaling.speedup(n)), fontsize=7,
-                    textcoords="offset points", xytext=(4, -10))
-    if top > scaling.cores:
-        ax.axvspan(scaling.cores + 0.5, top + 0.5, color="#F2A0A0", alpha=0.4,
-                   label=f"oversubscribed (> {scaling.cores} cores)")
+    colors = ["tab:green", "tab:purple", "tab:brown"]
+    for i, result in enumerate(results):
+        mine = [p.world_size for p in result.points]
+        label = "measured" if len(results) == 1 else f"{result.mode} scaling, measured"
+        ax.plot(mine, [result.speedup(n) for n in mine], "o-", color=colors[i % 3],
+                label=label)
+        for n in mine if len(results) == 1 else mine[1:]:  # 1 device is 1.00x for each
+            others = [r.speedup(n) for r in results if n in [p.world_size for p in r.points]]
+            above = result.speedup(n) >= max(others)  # labels of one device count apart
+            ax.annotate(f"{result.speedup(n):.2f}x", (n, result.speedup(n)), fontsize=7,
+                        color=colors[i % 3], textcoords="offset points",
+                        xytext=(5, 4 if above and len(results) > 1 else -11))
+    if top > cores:
+        ax.axvspan(cores + 0.5, top + 0.5, color="#F2A0A0", alpha=0.4,
+                   label=f"oversubscribed (> {cores} cores)")
     ax.set(xlabel="devices", ylabel="speedup over 1 device", xticks=worlds,
            xlim=(0.5, top + 0.5), ylim=(0, top + 0.5))
-    ax.set_title(f"{scaling.mode} scaling, {scaling.strategy}: measured here", fontsize=9)
+    modes = " and ".join(dict.fromkeys(result.mode for result in results))
+    ax.set_title(f"{modes} scaling, {results[0].strategy}: measured here", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     return ax.figure
+
+
+def plot_batch_sweep(sweep) -> Figure:
+    """A ``BatchSweep``: left, each batch's step on N ranks as a share of one device's step
+    (computation, exposed communication, and the model's prediction); right, the speedup
+    measured and predicted against the samples each rank computes."""
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    points, n = sweep.points, sweep.world_size
+    x = np.arange(len(points))
+    compute = np.array([p.many.compute_s / p.one.step_s for p in points])
+    comm = np.array([p.many.comm_s / p.one.step_s for p in points])
+    left.bar(x, compute, 0.6, color="#4C72B0", label="computation")
+    left.bar(x, comm, 0.6, bottom=compute, color="#DD8452", label="communication (exposed)")
+    left.plot(x, [p.predicted_step_s / p.one.step_s for p in points], "k_", ms=30, mew=2,
+              label="model: F/N + O + ring AllReduce")
+    left.axhline(1, color="firebrick", lw=1, label="one device's step")
+    left.axhline(1 / n, color="grey", ls="--", lw=1, label=f"ideal: 1/{n}")
+    left.set_xticks(x, [f"{p.global_batch}\n({p.samples_per_rank} per rank)" for p in points],
+                    fontsize=8)
+    left.set(xlabel="global batch", ylabel=f"step on {n} ranks / one device's step",
+             ylim=(0, 1.35 * max(1.0, max(compute + comm))))
+    left.set_title(f"{sweep.model} ({sweep.params / 1e6:.2g}M), {sweep.strategy} on {n} ranks: "
+                   f"where the step goes", fontsize=9)
+    left.legend(fontsize=7, loc="upper center", ncols=3, bbox_to_anchor=(0.5, -0.2),
+                markerscale=0.4)
+    per_rank = [p.samples_per_rank for p in points]
+    right.plot(per_rank, [p.speedup for p in points], "o-", color="tab:green", label="measured")
+    right.plot(per_rank, [p.predicted_speedup for p in points], "x--", color="black",
+               label="model")
+    for p in points:
+        right.annotate(f"{p.speedup:.2f}x", (p.samples_per_rank, p.speedup), fontsize=7,
+                       textcoords="offset points", xytext=(4, -11), color="tab:green")
+    right.axhline(n, color="grey", ls="--", lw=1, label=f"ideal ({n}x)")
+    right.axhline(1, color="firebrick", lw=1, label="one device")
+    top = max(n + 0.5, 1.1 * max(p.speedup for p in points))
+    right.set(xscale="log", xlabel="samples per rank (log scale, fewer to the right)",
+              ylabel="speedup over 1 device", ylim=(0, top))
+    right.set_xticks(per_rank, [str(b) for b in per_rank])
+    right.minorticks_off()
+    right.set_xlim(max(per_rank) * 1.6, min(per_rank) / 1.6)  # the walk's order, as on the left
+    right.set_title("speedup: measured here, and the model's", fontsize=9)
+    right.legend(fontsize=7, loc="upper right")
+    return fig
 
 
 def plot_step_times(reports: dict, title: str = "time per step") -> Figure:

@@ -22,11 +22,13 @@ from labkit.train.config import TrainConfig
 from labkit.train.sweep import run_cells
 
 __all__ = ["COMPUTE_BOUND", "ScalingPoint", "ScalingResult", "measure_bus_bandwidth",
-           "ring_all_reduce_seconds", "scaling_sweep"]
+           "point_of", "predicted_comm_s", "reused", "ring_all_reduce_seconds",
+           "scaling_sweep"]
 
-# The compute-bound configuration the speedup bench and the README's figure use: a large batch
-# over a model whose gradient is small (2M parameters, 8 MB to AllReduce per step against
-# about 0.6 s of computation on one core): (model, global batch).
+# The compute-bound configuration the speedup bench, the README's figure and notebook 02 use:
+# a large batch over a model whose gradient is small (1.7M parameters, 6.9 MB to AllReduce per
+# step against about 1 s of computation on one core of the 2-core machine the course is tested
+# on; notebook 02 times it at half this batch): (model, global batch).
 COMPUTE_BOUND = (MLPConfig(d_in=256, d_hidden=512, n_layers=8, d_out=16), 8192)
 
 
@@ -72,6 +74,52 @@ class ScalingResult:
         return asdict(self)
 
 
+# Data-parallel strategies on one rank: one device (DDP's wrapper over one rank averages nothing)
+_ONE_DEVICE = ("single", "naive_dp", "ddp")
+
+
+def _same_step(report, world_size: int, config: TrainConfig) -> bool:
+    """Whether ``report`` ran the step ``config`` runs on ``world_size`` ranks: the same
+    configuration but for how many steps it ran and whether it returned its weights."""
+    if report.world_size != world_size:
+        return False
+    mine, theirs = config, report.config
+    if world_size == 1:
+        if mine.strategy not in _ONE_DEVICE or theirs.strategy not in _ONE_DEVICE:
+            return False
+        mine, theirs = mine.replace(strategy="single"), theirs.replace(strategy="single")
+    same = {"steps": mine.steps, "return_weights": mine.return_weights}
+    return theirs.replace(**same) == mine
+
+
+def reused(measured, world_size: int, config: TrainConfig):
+    """The first report among ``measured`` (``labkit.train``'s) that ran this cell's step
+    (``_same_step``), or None: sweeps take such runs as they are instead of training again."""
+    return next((r for r in measured if _same_step(r, world_size, config)), None)
+
+
+def point_of(report) -> ScalingPoint:
+    """A training run as one point of a sweep (its predicted communication still 0)."""
+    split = report.split()
+    return ScalingPoint(report.world_size, report.config.global_batch, split["step_s"],
+                        split["compute_s"], split["comm_s"], split["comm_busy_s"],
+                        report.samples_per_s, report.comm_bytes_per_step, 0.0,
+                        report.oversubscribed, report.losses)
+
+
+def predicted_comm_s(point: ScalingPoint, comm_model=None, bus_bandwidth: float = 0.0) -> float:
+    """The AllReduce time of ``point``'s gradients: ``comm_model`` (an ``AlphaBeta`` fitted over
+    message sizes) on the point's rank count, else the ring formula with ``bus_bandwidth``
+    (0 when neither is known, and on one rank)."""
+    if point.world_size == 1:
+        return 0.0
+    if comm_model is not None:
+        return comm_model.on_group(point.world_size).predict(point.comm_bytes)
+    if bus_bandwidth:
+        return ring_all_reduce_seconds(point.comm_bytes, point.world_size, bus_bandwidth)
+    return 0.0
+
+
 def measure_bus_bandwidth(cluster, nbytes: int) -> float:
     """Bus bandwidth (bytes/s) of an all_reduce of ``nbytes`` on this cluster (>= 2 ranks)."""
     return time_all_reduce(cluster, [max(4, nbytes)], repeats=5).bus_bandwidth
@@ -79,7 +127,7 @@ def measure_bus_bandwidth(cluster, nbytes: int) -> float:
 
 def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=(1, 2, 4),
                   strategy: str = "ddp", global_batch: int = 64, mode: str = "strong",
-                  steps: int = 5, comm_model=None, **fields) -> ScalingResult:
+                  steps: int = 5, comm_model=None, measured=(), **fields) -> ScalingResult:
     """Train at each world size (the cluster is resized, then put back) and measure.
 
     The predicted communication is the ring formula with ``comm_model``'s latency and
@@ -89,6 +137,8 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     ``global_batch`` is the batch of one device: in strong mode every world size splits it,
     in weak mode each rank gets that much (so the global batch grows with N). ``model`` is a
     zoo name (sized to ``params``) or a model config (``params`` is then ignored).
+    ``measured``: reports of runs already made; a cell one of them ran (``reused``) is taken
+    from it instead of trained.
     """
     if mode not in ("strong", "weak"):
         raise ValueError("mode is 'strong' (fixed global batch) or 'weak' (fixed per rank)")
@@ -103,25 +153,19 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
 
     def run(cluster, cell: TrainConfig) -> ScalingPoint:
         report = train(cluster, cell, estimate=False)
-        n = cluster.world_size
-        if n > 1 and not result.bus_bandwidth and comm_model is None:
+        if cluster.world_size > 1 and not result.bus_bandwidth and comm_model is None:
             result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)
-        split = report.split()
-        return ScalingPoint(n, cell.global_batch, split["step_s"], split["compute_s"],
-                            split["comm_s"], split["comm_busy_s"], report.samples_per_s,
-                            report.comm_bytes_per_step, 0.0, report.oversubscribed,
-                            report.losses)
+        return point_of(report)
 
     cells = [(n, config.replace(global_batch=global_batch * (n if mode == "weak" else 1)))
              for n in sorted(world_sizes)]
-    result.points = run_cells(cluster, cells, run)
+    measured = list(measured)
+    known = [reused(measured, n, cell) for n, cell in cells]
+    todo = [cell for cell, report in zip(cells, known, strict=True) if report is None]
+    trained = iter(run_cells(cluster, todo, run))
+    result.points = [next(trained) if report is None else point_of(report) for report in known]
     if comm_model is not None:
         result.bus_bandwidth = comm_model.bandwidth
     for point in result.points:
-        if comm_model is not None:
-            point.predicted_comm_s = (comm_model.on_group(point.world_size).predict(
-                point.comm_bytes) if point.world_size > 1 else 0.0)
-        elif result.bus_bandwidth:
-            point.predicted_comm_s = ring_all_reduce_seconds(
-                point.comm_bytes, point.world_size, result.bus_bandwidth)
+        point.predicted_comm_s = predicted_comm_s(point, comm_model, result.bus_bandwidth)
     return result
