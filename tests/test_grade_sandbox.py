@@ -102,7 +102,9 @@ def test_attacks_are_contained_and_reported(tmp_path):
     assert not left, f"processes left behind: {left}"
     assert not descendants()  # the fork bomb's processes, the ranks, the checkers
     assert _cgroups() <= cgroups  # each submission's cgroup is removed
-    assert psutil.disk_usage("/tmp").free > disk - 32 * 2**20  # the filler is gone
+    # the filler wrote until its tmpfs was full: had it reached the host's disk it would have
+    # taken far more than this (other programs on a shared machine may write a little meanwhile)
+    assert psutil.disk_usage("/tmp").free > disk - 256 * 2**20
 
 
 def _cmdline(pid: int) -> list[str]:
