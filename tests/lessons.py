@@ -12,6 +12,9 @@ Tests then assert the lesson's claims on those values:
     def test_two_devices_cut_the_step_time(nb):
         assert nb.results["ddp_speedup"] >= 1.5
 
+The executed notebooks go to a temporary folder, removed at exit unless a lesson failed;
+``LABKIT_LESSONS_DIR=DIR pytest ...`` writes them to DIR and keeps them, to read afterwards.
+
 ``SMOKE`` holds the small parameters of the real-browser test (tests/test_browser.py), which
 drives the learners' copies in JupyterLab and needs them quick.
 """
@@ -42,12 +45,19 @@ _WORK: Path | None = None  # made when a lesson first runs; removed at exit unle
 _FAILED: set[str] = set()
 
 
+KEEP_ENV = "LABKIT_LESSONS_DIR"  # set: the executed lessons are written there and kept
+
+
 def _work() -> Path:
     """The session's folder of executed lessons (made on first use)."""
     global _WORK
     if _WORK is None:
-        _WORK = Path(tempfile.mkdtemp(prefix="labkit-lessons-"))
-        atexit.register(_clean)
+        if os.environ.get(KEEP_ENV):
+            _WORK = Path(os.environ[KEEP_ENV])
+            _WORK.mkdir(parents=True, exist_ok=True)
+        else:
+            _WORK = Path(tempfile.mkdtemp(prefix="labkit-lessons-"))
+            atexit.register(_clean)
     return _WORK
 
 
