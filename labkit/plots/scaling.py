@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def plot_losses(reports: dict, title: str = "loss per step") -> Figure:
@@ -17,13 +18,15 @@ def plot_losses(reports: dict, title: str = "loss per step") -> Figure:
     styles = ["-", "--", ":", "-."]
     for i, (label, report) in enumerate(reports.items()):
         losses = np.array(report.losses)
-        ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o", ms=3,
-                label=label, lw=2)
+        (line,) = ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o",
+                          ms=3, label=label, lw=2)
         shared = min(len(losses), len(reference))
-        if i and shared:
+        if i and shared:  # each run keeps its colour in both panels
             gap = np.abs(losses[:shared] - reference[:shared])
             ax_gap.plot(np.arange(1, shared + 1), np.maximum(gap, 1e-12), styles[i % 4],
-                        marker="o", ms=3, label=label)
+                        marker="o", ms=3, label=label, color=line.get_color())
+    for axis in (ax, ax_gap):  # steps are whole numbers
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.legend(fontsize=8)
     ax_gap.set(xlabel="step", ylabel="|loss - first run's loss|", yscale="log",
