@@ -60,6 +60,7 @@ def test_1f1b_has_on_paper_the_same_bubble_and_measured_a_close_one(nb):
     # measured on shared CPU cores, one schedule's bubble moves by up to ~0.2 with the load
     # (a preempted chunk stretches the step): close, not equal, as the lesson says
     assert abs(bubble["1f1b"] - bubble["gpipe"]) < 0.25
+    assert bubble["1f1b"] < bubble["gpipe"] + 0.1  # "GPipe's usually comes out the larger"
     assert bubble["1f1b"] < bubble["naive"]
 
 
