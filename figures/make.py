@@ -93,7 +93,7 @@ def speedup_figure(cluster, out: Path, smoke: bool) -> Path:
 def composed_figure(cluster, out: Path, smoke: bool) -> Path:
     # notebook 07's scenario: an MLP with Adam that one device cannot hold under the cap,
     # trained with tensor parallelism for memory and data parallelism over the copies
-    width, cap = (512, "8MiB") if smoke else (1024, "32MiB")
+    width, cap = (512, "8MiB") if smoke else (1024, "25MiB")
     config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=width, n_layers=4),
                                 global_batch=64 if smoke else 256, steps=3 if smoke else 8)
     layout = labkit.Layout(dp=2, tp=2)

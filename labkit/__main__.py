@@ -21,6 +21,9 @@ def _release_arguments(parser) -> None:
                         help="where the learners' notebooks go (default: notebooks)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if the learners' notebooks are out of date")
+    parser.add_argument("--no-solutions", action="store_true",
+                        help="leave out solutions/ (the reference solutions that "
+                             "labkit.check.reveal shows): for a course that grades exercises")
 
 
 def _grade_arguments(parser) -> None:
@@ -46,14 +49,15 @@ def _grade_arguments(parser) -> None:
 def _release(args) -> int:
     from labkit.classroom.release import release
 
-    changed, stale = release(args.course, args.out, check=args.check)
+    changed, stale = release(args.course, args.out, check=args.check,
+                             solutions=not args.no_solutions)
     for path in stale:
         print(f"{path} has no source in {args.course}/: add it there, or delete it")
     if args.check:
         for path in changed:
             print(f"{path} is out of date: run `python -m labkit release`")
         return 1 if changed or stale else 0
-    print(f"wrote {len(changed)} notebook(s) to {args.out}/" if changed else "up to date")
+    print(f"wrote {len(changed)} file(s) to {args.out}/" if changed else "up to date")
     return 1 if stale else 0
 
 

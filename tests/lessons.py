@@ -18,10 +18,12 @@ drives the learners' copies in JupyterLab and needs them quick.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,7 +38,23 @@ REPO = Path(__file__).resolve().parent.parent
 COURSE = REPO / "course"
 STEMS = sorted(p.stem for p in COURSE.glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
-_WORK = Path(tempfile.mkdtemp(prefix="labkit-lessons-"))
+_WORK: Path | None = None  # made when a lesson first runs; removed at exit unless one failed
+_FAILED: set[str] = set()
+
+
+def _work() -> Path:
+    """The session's folder of executed lessons (made on first use)."""
+    global _WORK
+    if _WORK is None:
+        _WORK = Path(tempfile.mkdtemp(prefix="labkit-lessons-"))
+        atexit.register(_clean)
+    return _WORK
+
+
+def _clean() -> None:
+    """At exit: the executed lessons go, unless one failed (its report names the folder)."""
+    if _WORK is not None and not _FAILED:
+        shutil.rmtree(_WORK, ignore_errors=True)
 
 
 @dataclass
@@ -58,14 +76,11 @@ class Lesson:
                 if c.cell_type == "code" and text in c.source]
 
 
-class LessonFailed(Exception):
-    pass
-
-
 def _failure_report(stem: str, executed: Path, error) -> str:
     ansi = re.compile(r"\x1b\[[0-9;]*m")
     tail = "\n".join(ansi.sub("", line) for line in error.traceback[-12:])
-    return (f"{stem} failed in cell {error.exec_count}: {error.ename}: {error.evalue}\n"
+    return (f"{stem} failed in cell {error.cell_index} (In [{error.exec_count}]): "
+            f"{error.ename}: {error.evalue}\n"
             f"--- cell source ---\n{error.source}\n--- traceback (end) ---\n{tail}\n"
             f"executed notebook kept at {executed}")
 
@@ -77,7 +92,7 @@ def _execute(stem: str) -> Lesson | str:
     source = COURSE / f"{stem}.ipynb"
     if not source.exists():
         return f"no notebook course/{stem}.ipynb"
-    executed, results = _WORK / f"{stem}.ipynb", _WORK / f"{stem}.json"
+    executed, results = _work() / f"{stem}.ipynb", _work() / f"{stem}.json"
     results.unlink(missing_ok=True)
     before = os.environ.get(RESULTS_ENV)
     os.environ[RESULTS_ENV] = str(results)  # the kernel papermill starts inherits it
@@ -87,7 +102,12 @@ def _execute(stem: str) -> Lesson | str:
                                    cwd=str(COURSE), execution_timeout=CELL_TIMEOUT_S,
                                    progress_bar=False)
     except papermill.PapermillExecutionError as error:
+        _FAILED.add(stem)
         return _failure_report(stem, executed, error)
+    except Exception as error:  # noqa: BLE001 - a cell past its time, a dead kernel: reported
+        _FAILED.add(stem)  # once, and cached, not run again by every test that asks
+        return (f"{stem} did not finish: {type(error).__name__}: {str(error)[:2000]}\n"
+                f"executed notebook (as far as it ran) kept at {executed}")
     finally:
         if before is None:
             os.environ.pop(RESULTS_ENV, None)
@@ -95,6 +115,7 @@ def _execute(stem: str) -> Lesson | str:
             os.environ[RESULTS_ENV] = before
     seconds = time.perf_counter() - start
     if not results.exists():
+        _FAILED.add(stem)
         return f"{stem} ran but recorded no results (its labkit.record_results cell)"
     return Lesson(stem, executed, nbformat.read(executed, as_version=4),
                   json.loads(results.read_text()), seconds)

@@ -10,19 +10,54 @@ import pytest
 
 from tests.lessons import lesson
 
+MIB = 2**20
+
 
 @pytest.fixture(scope="module")
 def nb():
     return lesson("00_your_cluster")
 
 
+@pytest.fixture(scope="module")
+def busbw(nb):
+    return {row["bytes"] / MIB: row["busbw_GBps"] for row in nb.results["all_reduce"]}
+
+
 def test_recorded_values(nb):
     results = nb.results
-    n = results["world_size"]
-    expected = float(sum(range(n)))
-    assert results["totals"] == [expected] * n
-    assert results["totals_after_failure"] == [expected] * n
-    assert results["failed_rank"] == 1
     rows = results["all_reduce"]
     assert [r["bytes"] for r in rows] == sorted(r["bytes"] for r in rows)
     assert all(r["seconds"] > 0 and r["busbw_GBps"] > 0 for r in rows)
+
+
+def test_the_notebooks_start_at_most_one_rank_per_core_or_gpu_by_default(nb):
+    results = nb.results
+    assert 2 <= results["world_size"] <= max(results["cores"], results["gpus"], 2)
+
+
+def test_every_rank_holds_the_same_total(nb):
+    n = nb.results["world_size"]
+    assert nb.results["totals"] == [float(sum(range(n)))] * n
+
+
+def test_small_messages_move_far_fewer_bytes_per_second_than_large_ones(busbw):
+    smallest = min(busbw)
+    assert busbw[smallest] < 0.2 * max(busbw.values()), busbw
+
+
+def test_past_a_few_mib_the_rate_stops_growing(busbw):
+    """From 4 MiB to the largest size (16x the bytes) the rate gains less than half again."""
+    large = {mib: bw for mib, bw in busbw.items() if mib >= 4}
+    assert len(large) >= 2, busbw
+    assert max(large.values()) < 1.5 * large[min(large)], busbw
+
+
+def test_labkit_raises_rank_error_with_the_failing_ranks_own_traceback(nb):
+    results = nb.results
+    assert results["failed_rank"] == 1
+    assert "Remote traceback (rank 1)" in results["failure"]
+    assert "this rank ran into a bad batch" in results["failure"]
+
+
+def test_the_cluster_restarts_its_ranks_on_the_next_run(nb):
+    assert nb.results["totals_after_failure"] == nb.results["totals"]

@@ -6,14 +6,25 @@ once (tests/lessons.py) and every test here reads what it recorded.
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
+from labkit.layout import MESH_ORDER
 from tests.lessons import lesson
+
+GPUS_PER_NODE = 8  # an H100 node
 
 
 @pytest.fixture(scope="module")
 def nb():
     return lesson("09_plan_a_real_run")
+
+
+def _degrees(layout: str) -> dict[str, int]:
+    """'pp4 x dp4 x fsdp4 x tp2 (1f1b, fsdp)' -> {'pp': 4, 'dp': 4, 'fsdp': 4, 'tp': 2}."""
+    return {dim: int(n) for dim, n in re.findall(r"\b(pp|dp|fsdp|cp|tp)(\d+)", layout)}
 
 
 def test_recorded_values(nb):
@@ -22,12 +33,52 @@ def test_recorded_values(nb):
     assert {c["ranks"] for c in comparisons} == {1, results["world_size"]}
     assert all(c["projected_s"] > 0 and c["measured_s"] > 0 for c in comparisons)
     assert results["error"]["runs"] == len(comparisons)  # the error stats cover every run
-    for n, calibration in results["calibration"].items():  # measured, never assumed
+    assert results["check"]["status"] == "passed"
+
+
+def test_calibrate_measures_what_a_step_is_made_of_on_these_ranks(nb):
+    for n, calibration in nb.results["calibration"].items():  # measured, never assumed
         assert calibration["matmul_flops"] > 0 and calibration["op_overhead_s"] > 0
         assert bool(calibration["links"]) == (int(n) > 1)
-    days = results["recommender_days"]  # more GPUs, placed by the planner: fewer days
-    assert days["8 x A100 (1 node)"] < days["1 x RTX 4090"]
-    for name, row in results["decoders"].items():
+
+
+def test_more_gpus_placed_by_the_planner_train_the_larger_model_in_fewer_days(nb):
+    days = nb.results["recommender_days"]
+    assert days["next year's model, 8 x A100 (1 node)"] < days["today's model, 1 x RTX 4090"]
+
+
+def test_the_planner_places_tables_over_the_gpus_never_a_copy_per_node(nb):
+    for label, chosen in nb.results["recommender_plans"].items():
+        if "A100" in label:
+            assert "dp" not in _degrees(chosen["layout"]), (label, chosen["layout"])
+
+
+def test_four_nodes_are_no_faster_than_one_the_lookups_cross_the_network(nb):
+    days = nb.results["recommender_days"]
+    one = nb.results["recommender_plans"]["next year's model, 8 x A100 (1 node)"]
+    four = nb.results["recommender_plans"]["next year's model, 32 x A100 (4 nodes)"]
+    assert days["next year's model, 32 x A100 (4 nodes)"] > 0.9 * days[
+        "next year's model, 8 x A100 (1 node)"]
+    assert four["compute_s"] < one["compute_s"]
+    assert four["exposed_comm_s"] > one["exposed_comm_s"]
+
+
+def test_decoders_fit_at_an_mfu_a_little_under_one_half(nb):
+    for name, row in nb.results["decoders"].items():
         assert row["fits"] and 0 < row["mfu"] < 0.5, name
-        assert row["links"].get("tp", "in-node") == "in-node", name  # tp never crosses nodes
-    assert results["check"]["status"] == "passed"
+
+
+def test_a_group_stays_in_the_node_while_it_and_the_dimensions_inside_it_fit_in_one(nb):
+    """Ranks are numbered tp innermost: a dimension's groups reach over the product of its
+    degree and those inside it; in-node exactly when that divides a node."""
+    for name, row in nb.results["decoders"].items():
+        degrees = _degrees(row["layout"])
+        assert degrees.get("tp", 1) <= GPUS_PER_NODE, name  # tp=16 refused on 8-GPU nodes
+        for dim, link in row["links"].items():
+            inner = MESH_ORDER[MESH_ORDER.index(dim):]
+            span = math.prod(degrees.get(d, 1) for d in inner)
+            fits = span <= GPUS_PER_NODE and GPUS_PER_NODE % span == 0
+            assert link == ("in-node" if fits else "network"), (name, dim, row["layout"])
+    links = {name: row["links"] for name, row in nb.results["decoders"].items()}
+    assert links["7B on 1 node(s)"] == {"fsdp": "in-node"}  # on one node every group does
+    assert links["7B on 4 node(s)"]["fsdp"] == "network"  # fsdp over several nodes

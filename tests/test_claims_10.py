@@ -16,21 +16,68 @@ def nb():
     return lesson("10_when_a_gpu_dies")
 
 
+@pytest.fixture(scope="module")
+def projected(nb):
+    return nb.results["projected"]  # labkit.checkpoint.project: never measured
+
+
 def test_recorded_values(nb):
     results = nb.results
-    steps, every, at = results["steps"], results["checkpoint_every"], results["kill_at_step"]
+    assert results["save_s"] > 0 and results["step_s"] > 0 and results["young_daly_steps"] >= 1
+    assert results["check"]["status"] == "passed"
+
+
+def test_the_jobs_mtbf_is_one_gpus_divided_by_the_gpu_count(nb):
+    mtbf = nb.results["mtbf_hours"]
+    assert mtbf["gpu"] / mtbf["gpus"] == pytest.approx(mtbf["job"])
+    assert mtbf["job"] < 24 and mtbf["gpu"] / (24 * 365) > 1  # every few hours; one: years
+
+
+def test_the_killed_rank_stops_the_run_and_the_error_names_it(nb):
+    results = nb.results
     assert "RankError" in results["error"] and f"rank {results['kill_rank']}" in results["error"]
+    assert results["failed_after"] == results["kill_at_step"]  # killed at the planned step
+
+
+def test_the_run_resumes_from_the_newest_good_checkpoint_and_redoes_the_lost_steps(nb):
+    results = nb.results
+    steps, every, at = results["steps"], results["checkpoint_every"], results["kill_at_step"]
     resumed = (at - 1) // every * every  # the save due at the failure's step never happened
     assert results["resumed_at"] == resumed and results["lost_steps"] == at - resumed > 0
     assert results["from_checkpoint"] == [True] * resumed + [False] * (steps - resumed)
-    assert results["recovered_losses"] == results["reference_losses"][:steps]  # bit for bit
-    assert results["continued_resumed_at"] == steps
+
+
+def test_losses_identical_to_the_uninterrupted_run_bit_for_bit(nb):
+    results = nb.results
+    assert results["recovered_losses"] == results["reference_losses"][:results["steps"]]
+
+
+def test_resumed_on_fewer_ranks_not_bit_for_bit_but_within_float_rounding(nb):
+    results = nb.results
     assert results["fewer"] < results["world_size"]
-    assert results["continued_losses"][:steps] == results["recovered_losses"]
-    assert results["fewer_gap"] < 1e-4  # resharded onto fewer ranks: float rounding only
-    assert results["save_s"] > 0 and results["step_s"] > 0 and results["young_daly_steps"] >= 1
-    assert results["check"]["status"] == "passed"
-    assert results["failed_after"] == at  # killed by the widget's kill() at the planned step
-    projected = results["projected"]  # labkit.checkpoint.project: never measured
-    assert all(0 < row["overhead"] < 0.5 and row["interval_s"] > row["save_s"] > 0
-               for row in projected.values()), projected
+    assert results["continued_resumed_at"] == results["steps"]
+    assert results["continued_losses"][:results["steps"]] == results["recovered_losses"]
+    assert 0 < results["fewer_gap"] < 1e-4
+
+
+def test_each_projected_size_has_a_layout_that_fits(projected):
+    assert len(projected) == 3
+    for name, row in projected.items():
+        assert row["fits"], name
+        assert 0 < row["overhead"] < 0.5 and row["interval_s"] > row["save_s"] > 0, name
+
+
+def test_sharding_over_more_gpus_c_and_m_fall_together_the_fraction_lost_changes_little(
+        projected):
+    middle, largest = (row for name, row in projected.items() if name.startswith("70B"))
+    gpus = largest["gpus"] / middle["gpus"]
+    assert middle["mtbf_s"] / largest["mtbf_s"] == pytest.approx(gpus)
+    assert gpus / 2 < middle["save_s"] / largest["save_s"] <= gpus
+    assert largest["overhead"] / middle["overhead"] < 1.5
+
+
+def test_on_the_largest_cluster_communication_and_bubble_take_most_of_the_step(projected):
+    *others, largest = projected.values()
+    split = largest["split"]
+    assert split["exposed_comm_s"] + split["bubble_s"] > split["compute_s"]
+    assert all(largest["mfu"] < 0.5 * row["mfu"] for row in others)

@@ -197,9 +197,10 @@ def test_auc_rises_and_ranks_agree_with_the_host(two):
 def test_step_time_splits_into_lookup_communication_and_dense(two, strategy, exchange):
     report = labkit.train(two, _sgd(steps=4), strategy=strategy)
     split = time_split(report)
-    assert split["lookup_s"] > 0 and split["comm_s"] > 0 and split["dense_s"] > 0
-    assert split["lookup_s"] + split["comm_s"] + split["dense_s"] == pytest.approx(
-        split["step_s"])
+    assert min(split["lookup_s"], split["comm_s"], split["optimizer_s"]) > 0
+    assert split["dense_s"] >= 0
+    assert sum(split[k] for k in ("lookup_s", "comm_s", "optimizer_s", "dense_s")) == (
+        pytest.approx(split["step_s"]))
     kinds = report.ranks[0]["records"][-1]["comm_kinds"]
     assert exchange in kinds and "all_gather" in kinds and "all_reduce" in kinds
 

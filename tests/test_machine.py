@@ -35,3 +35,12 @@ def test_gpus_and_small_machines(monkeypatch):
     assert machine.fit_to_machine(4).world_size == 2  # lessons compare 1 device with 2
     with pytest.raises(ValueError, match="whole number"):
         machine.fit_to_machine(2.5)
+
+
+def test_the_count_that_starts_is_the_one_marked_started(two_cores):
+    """A lesson that asks for 4 on 2 cores starts 2: the line says which count starts, and
+    says nothing more when the only count on offer is the one asked for."""
+    fit = machine.fit_to_machine(4, offered=[1, 2, 4, 8])
+    assert "2 (started here)" in fit._repr_html_() and "8 (oversubscribed)" in fit._repr_html_()
+    alone = machine.fit_to_machine(4, offered=[4])._repr_html_()
+    assert "offers" not in alone and "2 ranks instead of 4" in alone

@@ -33,3 +33,8 @@ __all__ += ["training_state"]
 from labkit.check.comm_time import all_reduce_seconds  # noqa: E402
 
 __all__ += ["all_reduce_seconds"]
+
+from labkit.check.hints import hint  # noqa: E402
+from labkit.check.solutions import reveal  # noqa: E402
+
+__all__ += ["hint", "reveal"]

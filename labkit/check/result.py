@@ -12,6 +12,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from labkit.check.hints import hint
+from labkit.check.solutions import available
+
 MIME_TYPE = "application/vnd.labkit.check+json"
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 _COLOURS = {PASSED: "#1b7f3b", FAILED: "#b22222", NOT_ATTEMPTED: "#8a6d00"}
@@ -52,17 +55,30 @@ class CheckResult:
         return {"exercise": self.exercise, "status": self.status, "summary": self.summary,
                 "details": list(self.details), "measured": self.measured}
 
+    @property
+    def help(self) -> list[str]:
+        """Under a failed check: the exercise's hint, and how to see the reference solution (when
+        ``reveal`` has one to show)."""
+        if self.status != FAILED:
+            return []
+        lines = [f"Hint: {hint(self.exercise)}"] if hint(self.exercise) else []
+        if not available(self.exercise):  # graded, or released without solutions
+            return lines
+        return lines + [f'Still stuck? labkit.check.reveal("{self.exercise}") shows the '
+                        "reference solution."]
+
     def __str__(self) -> str:
         lines = [f"{self.exercise}: {self.status.upper()}: {self.summary}"]
-        return "\n".join(lines + [f"  - {d}" for d in self.details])
+        return "\n".join(lines + [f"  - {d}" for d in self.details] + self.help)
 
     def _repr_html_(self) -> str:
         colour = _COLOURS[self.status]
         items = "".join(f"<li>{html.escape(d)}</li>" for d in self.details)
+        help_ = "".join(f"<br><i>{html.escape(line)}</i>" for line in self.help)
         return (f"<div style='border-left:4px solid {colour};padding:4px 10px'>"
                 f"<b style='color:{colour}'>{html.escape(self.exercise)}: "
                 f"{html.escape(self.status)}</b><br>{html.escape(self.summary)}"
-                f"{f'<ul>{items}</ul>' if items else ''}</div>")
+                f"{f'<ul>{items}</ul>' if items else ''}{help_}</div>")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return {"text/plain": str(self), "text/html": self._repr_html_(),

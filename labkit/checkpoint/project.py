@@ -13,6 +13,7 @@ the storage). The step time is ``labkit.plan.project``'s. The two assumptions ar
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from labkit.checkpoint import interval
@@ -51,13 +52,24 @@ class ProjectedTradeoff:
     interval_s: float  # Young/Daly's sqrt(2 C M), seconds of work between saves
     overhead: float  # Daly's expected time lost per unit of work at that interval
     storage: str
+    # what the step is made of, from the planner (project_tradeoff; None from tradeoff alone):
+    # compute_s, exposed_comm_s, bubble_s, step_s; the model FLOPs utilisation; the memory
+    split: dict | None = None
+    mfu: float | None = None
+    peak_bytes: float | None = None  # per GPU, projected
+    usable_bytes: float | None = None  # per GPU
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the layout's projected peak fits a GPU (None: not known)."""
+        return None if self.peak_bytes is None else self.peak_bytes <= self.usable_bytes
 
     @property
     def interval_steps(self) -> int:
         return max(1, round(self.interval_s / self.step_s))
 
     def summary(self) -> dict:
-        return {**self.__dict__, "interval_steps": self.interval_steps}
+        return {**self.__dict__, "interval_steps": self.interval_steps, "fits": self.fits}
 
 
 def tradeoff(projection, storage: Storage = LLAMA3_STORAGE,
@@ -82,8 +94,12 @@ def project_tradeoff(model_config, layout, cluster, global_batch: int,
                      storage: Storage = LLAMA3_STORAGE, gpu_mtbf_s: float | None = None,
                      **levers) -> ProjectedTradeoff:
     """``labkit.plan.project`` the step, then ``tradeoff`` it (``levers``: precision,
-    micro_batches, activation_checkpointing, optimizer)."""
+    micro_batches, activation_checkpointing, optimizer), with the step's split, its MFU and
+    whether the layout fits."""
     from labkit.plan import project
 
-    return tradeoff(project(model_config, layout, cluster, global_batch, **levers), storage,
-                    gpu_mtbf_s)
+    projection = project(model_config, layout, cluster, global_batch, **levers)
+    return dataclasses.replace(tradeoff(projection, storage, gpu_mtbf_s),
+                               split=projection.split(), mfu=projection.mfu,
+                               peak_bytes=projection.peak_bytes,
+                               usable_bytes=projection.cluster.gpu.usable_memory_bytes)

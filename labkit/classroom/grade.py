@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.check.result import MIME_TYPE
+from labkit.check.solutions import GRADING_ENV
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sources import find_source, grade_points, restore_checks
 
@@ -159,8 +161,11 @@ def _execute(src: Path, dst: Path, work: Path, parameters: dict, cell_timeout: f
     if parameters:
         command += ["-y", json.dumps(parameters)]
     log = open(work / "papermill.log", "w")
+    # reveal shows nothing in a graded kernel: an answer cell that runs the reference
+    # solution (exec(labkit.check.reveal(...).code)) earns nothing
+    env = dict(os.environ, **{GRADING_ENV: "1"})
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+                               stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

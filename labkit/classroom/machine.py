@@ -12,8 +12,10 @@ not start them by default.
 from __future__ import annotations
 
 import html
+import warnings
 from dataclasses import dataclass
 
+from labkit.cluster.cluster import Cluster, OversubscriptionWarning
 from labkit.cluster.hardware import gpu_count, physical_cores
 
 
@@ -49,7 +51,9 @@ class MachineFit:
             return f"{self.wanted} ranks, one per GPU."
         if self.world_size == self.wanted:
             if self.wanted > self.cores:
-                return (f"{self.wanted} ranks as asked (oversubscribe=True) on {self.cores} "
+                asked = ("as asked (oversubscribe=True)" if self.oversubscribe
+                         else "(the fewest this lesson needs)")
+                return (f"{self.wanted} ranks {asked} on {self.cores} "
                         "physical cores: ranks share cores, so their times are not those of "
                         "separate devices (results say 'oversubscribed').")
             return (f"{self.wanted} rank{'s' * (self.wanted > 1)}, one per physical core "
@@ -60,14 +64,33 @@ class MachineFit:
                 f"is one core. More ranks would share cores and measure their turn-taking, "
                 f"not separate devices. Set oversubscribe = True to start {self.wanted} anyway.")
 
+    def _offered_line(self) -> str:
+        """The counts the lesson offers (sliders, sweeps, world_size), the one started marked;
+        nothing when they are only the count asked for (``why`` already says what starts)."""
+        if set(self.offered) <= {self.wanted}:
+            return ""
+        marks = {n: [] for n in self.offered}
+        for n in self.offered:
+            if n == self.world_size:
+                marks[n].append("started here")
+            if n in self.oversubscribed:
+                marks[n].append("oversubscribed")
+        counts = ", ".join(f"{n} ({', '.join(m)})" if m else str(n) for n, m in marks.items())
+        return f"<br>Rank counts this notebook offers: {counts}."
+
     def _repr_html_(self) -> str:
-        offered = ", ".join(
-            f"{n}{' (oversubscribed)' if n in self.oversubscribed else ''}" for n in self.offered)
         return (f"<b>world_size = {self.world_size}</b>: {html.escape(self.why)}"
-                + (f"<br>Offered in this notebook: {offered}." if self.offered else ""))
+                + self._offered_line())
 
     def __repr__(self) -> str:
         return f"MachineFit(world_size={self.world_size}): {self.why}"
+
+    def cluster(self, **options):
+        """A ``Cluster`` of ``world_size`` ranks (``options``: Cluster's); its warning that
+        ranks share cores is not repeated, since this fit's display says so."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscriptionWarning)
+            return Cluster(self.world_size, **options)
 
 
 def fit_to_machine(wanted: int, offered=(), oversubscribe: bool = False,

@@ -11,8 +11,15 @@ an instructor can also hand them to nbgrader as they are:
 * a check cell has ``nbgrader: {grade: true, locked: true, points, grade_id}``; the lines
   between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` are removed.
 
-    python -m labkit release            # course/*.ipynb -> notebooks/*.ipynb
-    python -m labkit release --check    # exit 1 if notebooks/ is out of date
+    python -m labkit release                 # course/*.ipynb -> notebooks/*.ipynb
+    python -m labkit release --check         # exit 1 if notebooks/ is out of date
+    python -m labkit release --no-solutions  # for a graded course: no reference solutions
+
+Beside the notebooks, ``solutions/<name>.json`` holds each exercise's reference solution (the
+answer cell without its markers), which ``labkit.check.reveal`` shows a learner on request;
+``--no-solutions`` leaves it out (and removes one written before), and writes
+``solutions/NONE.txt`` instead, so that ``reveal`` run beside these notebooks does not fall back
+on the repository's own ``notebooks/solutions``.
 
 nbgrader itself is not needed: this is the part of its ``generate_assignment`` that the suite
 uses, written for these notebooks (one command, no database, no course directory layout).
@@ -20,6 +27,7 @@ uses, written for these notebooks (one command, no database, no course directory
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -124,15 +132,47 @@ def exercise_cells(notebook: nbformat.NotebookNode) -> list[dict]:
     return found
 
 
+def solution_cells(notebook: nbformat.NotebookNode) -> dict[str, str]:
+    """{exercise: the answer cell's code, solution markers removed} of a source notebook."""
+    found = {}
+    for cell in notebook.cells:
+        meta = _meta(cell)
+        if meta.get("solution") and cell.cell_type == "code":
+            exercise = meta["grade_id"].removesuffix("_answer")
+            lines = [line for line in cell.source.split("\n")
+                     if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION)]
+            found[exercise] = "\n".join(lines).strip() + "\n"
+    return found
+
+
+def _sync(target: Path, data: bytes | None, check: bool) -> bool:
+    """Make ``target`` hold ``data`` (None: not exist); True if it did not already."""
+    current = target.read_bytes() if target.exists() else None
+    if current == data:
+        return False
+    if not check:
+        if data is None:
+            target.unlink()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    return True
+
+
 def notebook_bytes(notebook) -> bytes:
     """A notebook as the suite commits it (nbformat's layout, one trailing newline)."""
     return (nbformat.writes(notebook) + "\n").encode()
 
 
-def release(course: Path, out: Path, check: bool = False) -> tuple[list[Path], list[Path]]:
+def release(course: Path, out: Path, check: bool = False,
+            solutions: bool = True) -> tuple[list[Path], list[Path]]:
     """Write (or with ``check``, only compare) ``out/<name>.ipynb`` for each
-    ``course/<name>.ipynb``. Returns (the learners' notebooks written or out of date, those in
-    ``out`` without a source in ``course``: never deleted here, the caller says so)."""
+    ``course/<name>.ipynb``, and ``out/solutions/<name>.json`` unless not ``solutions`` (then
+    ``out/solutions/NONE.txt`` says so, and ``reveal`` looks no further). Returns (the files
+    written or out of date, the notebooks and solutions in ``out`` without a source in
+    ``course``: never deleted here, the caller says so)."""
+    from labkit.check.solutions import NO_SOLUTIONS
+
     sources = sorted(Path(course).glob("*.ipynb"))
     if not sources:
         raise ReleaseError(f"no notebooks in {course}")
@@ -141,10 +181,22 @@ def release(course: Path, out: Path, check: bool = False) -> tuple[list[Path], l
         source = nbformat.read(path, as_version=4)
         data = notebook_bytes(release_notebook(source, path.name))
         target = Path(out) / path.name
-        if not target.exists() or target.read_bytes() != data:
+        if _sync(target, data, check):
             changed.append(target)
-            if not check:
-                target.write_bytes(data)
-    expected = {p.name for p in sources}
-    stale = [p for p in sorted(Path(out).glob("*.ipynb")) if p.name not in expected]
+        answers = solution_cells(source) if solutions else {}
+        answers_data = (json.dumps(answers, indent=1) + "\n").encode() if answers else None
+        answers_path = Path(out) / "solutions" / f"{path.stem}.json"
+        if _sync(answers_path, answers_data, check):
+            changed.append(answers_path)
+    marker = Path(out) / "solutions" / NO_SOLUTIONS
+    if _sync(marker, None if solutions else WITHHELD.encode(), check):
+        changed.append(marker)
+    expected = {p.stem for p in sources}
+    stale = [p for p in sorted(Path(out).glob("*.ipynb")) if p.stem not in expected]
+    stale += [p for p in sorted((Path(out) / "solutions").glob("*.json"))
+              if p.stem not in expected]
     return changed, stale
+
+
+WITHHELD = ("These notebooks were released without their reference solutions\n"
+            "(python -m labkit release --no-solutions): labkit.check.reveal shows none.\n")

@@ -29,7 +29,7 @@ from labkit.cluster.processes import Processes
 from labkit.cluster.progress import Listeners, RunProgress
 from labkit.cluster.rank import RankSpec
 from labkit.cluster.runs import RunResults, ranks_html, seconds
-from labkit.memory import parse_bytes
+from labkit.memory import DeviceOOM, parse_bytes
 
 CLOSE_WAIT_S = 10.0  # close() waits this long for a run in another thread to let go
 
@@ -281,6 +281,9 @@ class Cluster:
             try:
                 blobs = collect(self._procs, self._job_id, self.world_size, deadline, timeout,
                                 progress)
+            except DeviceOOM:
+                progress.out_of_memory()
+                raise
             finally:
                 progress.close()
         except BaseException as exc:

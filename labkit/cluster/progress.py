@@ -6,6 +6,12 @@ import contextlib
 import threading
 
 
+def _bar_class():
+    from tqdm.auto import tqdm  # a widget in a notebook, text in a terminal
+
+    return tqdm
+
+
 class RunProgress:
     """Tracks each rank's reported progress and shows the slowest rank's."""
 
@@ -22,14 +28,26 @@ class RunProgress:
             return
         self._done[rank] = done
         if self._bar is None:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, desc=desc or "run", unit="step", leave=True)
+            self._bar = _bar_class()(total=total, desc=desc or "run", unit="step", leave=True)
         if desc and (rank == 0 or not self._bar.desc):  # one rank's text: no flicker
             self._bar.set_description(desc, refresh=False)
         self._bar.total = total
         slowest = min(self._done)
         self._bar.update(slowest - self._bar.n)
+
+    def out_of_memory(self) -> None:
+        """The run stopped with a DeviceOOM: the bar says in which step, in a neutral colour,
+        not as tqdm's red "failed" (in the lessons, running out of memory is what such a run
+        was meant to show)."""
+        if self._bar is None:
+            return
+        label = (self._bar.desc or "run").split(", rank ")[0]  # without rank 0's last loss
+        self._bar.set_description(f"{label}: out of memory in step {min(self._done) + 1}",
+                                  refresh=False)
+        self._bar.close()
+        if hasattr(self._bar, "container"):  # a notebook's widget bar: close() made it red
+            self._bar.disp(bar_style="info")
+        self._bar = None
 
     def close(self) -> None:
         if self._bar is not None:

@@ -25,10 +25,36 @@ def auc_curve(report) -> tuple[float, list[float]]:
     return records[0]["auc_before"], [r["held_out_auc"] for r in records]
 
 
-def speed_summary(reports: dict) -> dict:
+class SpeedSummary(dict):
+    """{run label: {"split", "step_s", "samples_per_s", "oversubscribed"}}, printed as a table
+    of the step split (milliseconds) and each run's speed against the first run's."""
+
+    def _rows(self) -> list[str]:
+        first = next(iter(self.values()))["step_s"]
+        rows = []
+        for label, run in self.items():
+            split = run["split"] or {"lookup_s": float("nan"), "comm_s": float("nan"),
+                                     "optimizer_s": float("nan"), "dense_s": float("nan")}
+            parts = "  ".join(f"{split[k] * 1e3:7.1f}" for k in SPLIT_KEYS)
+            note = "  (oversubscribed)" if run["oversubscribed"] else ""
+            rows.append(f"{label:<16}{run['step_s'] * 1e3:8.1f}  {parts}  "
+                        f"{first / run['step_s']:6.2f}x{note}")
+        return rows
+
+    def __repr__(self) -> str:
+        head = (f"{'median step, ms':<16}{'step':>8}  {'lookups':>7}  {'comm':>7}  "
+                f"{'optim.':>7}  {'other':>7}  {'speed vs ' + next(iter(self), '')}")
+        return "\n".join([head, *self._rows()])
+
+
+SPLIT_KEYS = ("lookup_s", "comm_s", "optimizer_s", "dense_s")
+
+
+def speed_summary(reports: dict) -> SpeedSummary:
     """Per run (``{label: TrainReport}``): median step, samples/s, oversubscription, and the
-    step split into lookups, communication and the rest where the run measured lookups."""
-    out = {}
+    step split into lookups, communication, the optimizer and the rest where the run measured
+    lookups."""
+    out = SpeedSummary()
     for label, report in reports.items():
         measured = "lookup_s" in report.ranks[0]["records"][-1]
         out[label] = {"split": time_split(report) if measured else None,
@@ -39,15 +65,17 @@ def speed_summary(reports: dict) -> dict:
 
 def time_split(report) -> dict[str, float]:
     """The median step (slowest rank, as ``TrainReport.split``) split into table lookups
-    (forward and weight gradients, collectives excluded), exposed communication, and the
-    rest (the dense MLPs, the interaction, the optimizer). The parts add up to the step."""
+    (forward and weight gradients, collectives excluded), exposed communication, the
+    optimizer's step, and the rest (the dense MLPs and the interaction, forward and
+    backward). The parts add up to the step."""
     split = report.split()
     records = [r["records"][s] for r in report.ranks for s in range(report.steps)]
     median = next(r for r in records if r["step_s"] == split["step_s"])
     lookup = median.get("lookup_s", 0.0)
     rest = split["step_s"] - split["comm_s"] - lookup
+    dense = max(0.0, rest - split["optimizer_s"])
     return {"step_s": split["step_s"], "lookup_s": lookup, "comm_s": split["comm_s"],
-            "dense_s": rest}
+            "optimizer_s": rest - dense, "dense_s": dense}
 
 
 def memory_by_part(report) -> list[dict]:

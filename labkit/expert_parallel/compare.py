@@ -26,15 +26,18 @@ def forward_flops_per_token(model_config) -> float:
     return counter.get_total_flops() / model_config.seq_len
 
 
+def counted(model_config) -> dict:
+    """Parameters and forward FLOPs per token of a model, counted without training it."""
+    return {"params": count_parameters(model_config),
+            "flops_per_token": forward_flops_per_token(model_config)}
+
+
 def moe_vs_dense(moe_report, dense_report) -> dict:
     """Parameters, forward FLOPs per token, final loss and median step of each run."""
     out = {}
     for name, report in (("dense", dense_report), ("moe", moe_report)):
-        model = report.config.model
-        out[name] = {"params": count_parameters(model),
-                     "flops_per_token": forward_flops_per_token(model),
-                     "final_loss": report.losses[-1],
-                     "median_step_s": report.split()["step_s"]}
+        out[name] = counted(report.config.model) | {"final_loss": report.losses[-1],
+                                                    "median_step_s": report.split()["step_s"]}
     return out
 
 

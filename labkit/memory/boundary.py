@@ -3,8 +3,10 @@ by training each cell for real, beside what the estimator predicts."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
+from labkit.cluster.cluster import OversubscriptionWarning
 from labkit.memory.estimate import estimate_memory
 from labkit.memory.oom import DeviceOOM
 from labkit.memory.units import parse_bytes
@@ -64,7 +66,9 @@ def sweep_boundary(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_siz
 
     ``sizes`` are parameter counts (each model is sized to about that many). Every cell is
     checked before the first runs; the cluster is resized for each world size and left at
-    its original size afterwards. ``fields`` are TrainConfig's (``layout=`` too).
+    its original size afterwards. ``fields`` are TrainConfig's (``layout=`` too). Device
+    counts above the machine's cores share them, without a warning: the map is of memory,
+    which sharing does not change.
     """
     capacity = parse_bytes(memory_per_device)
     result = BoundaryMap(model, strategy, capacity, global_batch)
@@ -85,5 +89,7 @@ def sweep_boundary(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_siz
         return BoundaryCell(count_parameters(config.model), cluster.world_size, fits, peak,
                             estimate.peak_bytes, estimate.fits(capacity))
 
-    result.cells = run_cells(cluster, cells, run)
+    with warnings.catch_warnings():  # memory is exact on shared cores; the map has no times
+        warnings.simplefilter("ignore", OversubscriptionWarning)
+        result.cells = run_cells(cluster, cells, run)
     return result

@@ -51,8 +51,7 @@ def model_state_floor(config, world_size: int) -> dict[str, int] | None:
 def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) -> str:
     n = count_parameters(config.model)
     per_weight = sum(floor.values()) / n
-    ways = [f"at most ~{capacity / per_weight / 1e6:.3g}M parameters fit with "
-            f"'{config.label}' on {world_size} rank(s)"]
+    ways = []
     whole = sum(model_state_floor(config.replace(strategy="single"), 1).values())
     if layout_for(config, world_size).data_engine != "fsdp":
         ranks = math.ceil(whole / capacity)
@@ -63,13 +62,23 @@ def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) ->
         ways.append(f"'fsdp' needs at least {math.ceil(whole / capacity)} ranks")
     if config.optimizer != "sgd":
         ways.append("optimizer='sgd' keeps no optimizer state")
-    return ("What fits: " + "; ".join(ways) + " (activations come on top of the model "
-            "state).")
+    ways.append(f"a smaller model: with '{config.label}' on {world_size} rank(s) the model "
+                f"state alone fills the capacity at ~{capacity / per_weight / 1e6:.3g}M "
+                "parameters, and the batch's activations come on top, so the largest model "
+                "that trains is smaller than that")
+    return "What fits: " + "; ".join(ways) + "."
+
+
+# What replaces the OOM's advice when the model state alone cannot fit: the breakdown at the
+# failure may show activations as the largest part (the forward pass runs before gradients
+# and optimizer state exist), and lowering the batch would not help.
+ADVICE = ("the model state must shrink or be split, not the batch: it needs more than the "
+          "capacity whatever the batch size (worked out before the run, below)")
 
 
 def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str | None:
     """What to tell a learner whose model state alone passes ``capacity_bytes`` (None when
-    it fits, or for strategies this does not know)."""
+    it fits, or for strategies this does not know). Goes with ``ADVICE``."""
     if capacity_bytes is None:
         return None
     floor = model_state_floor(config, world_size)
@@ -79,5 +88,5 @@ def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str
     return (f"Worked out before the run: the model state alone needs at least "
             f"{format_bytes(sum(floor.values()))} per device with '{config.label}' on "
             f"{world_size} rank(s) ({parts}), more than the "
-            f"{format_bytes(capacity_bytes)} capacity. "
+            f"{format_bytes(capacity_bytes)} capacity, whatever the batch size. "
             + _what_fits(config, world_size, capacity_bytes, floor))

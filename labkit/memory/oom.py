@@ -35,17 +35,19 @@ class DeviceOOM(torch.OutOfMemoryError):
 
     Attributes: rank, device, requested_bytes, capacity_bytes, in_use_bytes (before the
     failed allocation), breakdown (live bytes by category at that moment), category (the
-    kind of the allocation that failed, when known), detail (what CUDA said, on a GPU),
+    kind of the allocation that failed, when known), detail (what CUDA said, on a GPU, and
+    what was worked out before the run), advice (what to change, said after "To fit,"),
     remote_traceback (set when raised in the notebook on behalf of a rank).
     """
 
     def __init__(self, rank: int, device: str, requested_bytes: int, capacity_bytes: int,
                  in_use_bytes: int, breakdown: dict[str, int], detail: str = "",
-                 category: str | None = None):
+                 category: str | None = None, advice_text: str | None = None):
         self.rank, self.device = rank, device
         self.requested_bytes, self.capacity_bytes = requested_bytes, capacity_bytes
         self.in_use_bytes, self.breakdown = in_use_bytes, dict(breakdown)
         self.detail, self.category = detail, category
+        self.advice = advice_text or advice(breakdown, category, requested_bytes)
         self.remote_traceback = ""
         super().__init__(self._describe() + (f"\n{detail}" if detail else ""))
 
@@ -54,11 +56,15 @@ class DeviceOOM(torch.OutOfMemoryError):
         return (f"rank {self.rank} is out of device memory on {self.device}: tried to allocate "
                 f"{format_bytes(self.requested_bytes)} with {format_bytes(self.in_use_bytes)} "
                 f"of {format_bytes(self.capacity_bytes)} in use ({parts}). To fit, "
-                f"{advice(self.breakdown, self.category, self.requested_bytes)}.")
+                f"{self.advice}.")
 
-    def explain(self, note: str) -> DeviceOOM:
-        """Add ``note`` to what this error says (e.g. what would fit, worked out up front)."""
+    def explain(self, note: str, advice_text: str | None = None) -> DeviceOOM:
+        """Add ``note`` to what this error says (e.g. what would fit, worked out up front).
+        ``advice_text`` replaces the advice read from the breakdown at the failure, which sees
+        only what was alive then: a model state too large for the device may fail in the
+        forward pass, before its gradients exist, with the activations its largest part."""
         self.detail = f"{self.detail}\n{note}" if self.detail else note
+        self.advice = advice_text or self.advice
         self.args = (f"{self._describe()}\n{self.detail}",)
         return self
 
@@ -70,4 +76,5 @@ class DeviceOOM(torch.OutOfMemoryError):
 
     def __reduce__(self):
         return (type(self), (self.rank, self.device, self.requested_bytes, self.capacity_bytes,
-                             self.in_use_bytes, self.breakdown, self.detail, self.category))
+                             self.in_use_bytes, self.breakdown, self.detail, self.category,
+                             self.advice))

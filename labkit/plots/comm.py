@@ -15,7 +15,7 @@ def plot_all_reduce(timings) -> Figure:
                 title="all_reduce time")
     ax_bw.plot(mib, [r["busbw_GBps"] for r in timings.rows], "o-", color="tab:green")
     ax_bw.set(xscale="log", xlabel="message size (MiB)", ylabel="bus bandwidth (GB/s)",
-              title="bandwidth grows with message size")
+              title="bus bandwidth by message size")
     where = f"{timings.world_size} {timings.device} ranks"
     if timings.oversubscribed:
         where += ", oversubscribed"

@@ -14,9 +14,11 @@ PART_COLORS = {"tables": "#4C72B0", "dense": "#55A868", "rest": "#C8C8C8"}
 PART_LABELS = {"tables": "tables (weights + gradients + optimizer)",
                "dense": "dense MLPs (weights + gradients + optimizer)",
                "rest": "rest of the measured peak (optimizer temporaries, activations)"}
-TIME_COLORS = {"lookup_s": "#4C72B0", "comm_s": "#DD8452", "dense_s": "#55A868"}
+TIME_COLORS = {"lookup_s": "#4C72B0", "comm_s": "#DD8452", "optimizer_s": "#8172B3",
+               "dense_s": "#55A868"}
 TIME_LABELS = {"lookup_s": "table lookups", "comm_s": "communication (exposed)",
-               "dense_s": "dense MLPs, interaction, optimizer"}
+               "optimizer_s": "optimizer step (every row of every table)",
+               "dense_s": "dense MLPs, interaction"}
 
 
 def _capacity_line(ax, capacity_bytes, scale, vertical=False) -> None:
@@ -128,7 +130,7 @@ def plot_step_split(reports: dict, epoch_samples: int, where: str = "measured he
     epoch = [epoch_samples / report.samples_per_s for report in reports.values()]
     ax_epoch.bar(x, epoch, 0.6, color="#4C72B0")
     for xi, seconds in zip(x, epoch, strict=True):
-        ax_epoch.text(xi, seconds, f"{seconds:.2g} s", ha="center", va="bottom", fontsize=8)
+        ax_epoch.text(xi, seconds, f"{seconds:.0f} s", ha="center", va="bottom", fontsize=8)
     ax_epoch.set_xticks(x, labels, fontsize=8)
     oversubscribed = any(r.oversubscribed for r in reports.values())
     note = "; oversubscribed: ranks share cores" if oversubscribed else ""

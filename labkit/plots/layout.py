@@ -10,7 +10,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from labkit.layout.layout import MESH_ORDER, Layout
 from labkit.memory.units import format_bytes
-from labkit.plots.memory import plot_memory_bars
+from labkit.plots.memory import _scale, plot_memory_bars
 
 DIM_COLORS = {"pp": "#8172B3", "dp": "#4C72B0", "fsdp": "#55A868", "tp": "#C44E52"}
 DIM_NAMES = {"pp": "pipeline (pp)", "dp": "data parallel (dp)",
@@ -93,14 +93,15 @@ def _draw_grid(ax, layout: Layout, dim_bytes: dict[str, int]) -> None:
 def _draw_dim_bytes(ax, dim_bytes: dict[str, int]) -> None:
     dims = [d for d in MESH_ORDER if d in dim_bytes]
     values = [dim_bytes[d] for d in dims]
+    scale, unit = _scale(max(values, default=1))
     y = np.arange(len(dims))
-    ax.barh(y, values, color=[DIM_COLORS[d] for d in dims])
+    ax.barh(y, [v / scale for v in values], color=[DIM_COLORS[d] for d in dims])
     for yi, value in zip(y, values, strict=True):
-        ax.text(value, yi, f" {format_bytes(value)}", va="center", fontsize=8)
+        ax.text(value / scale, yi, f" {format_bytes(value)}", va="center", fontsize=8)
     ax.set_yticks(y, dims)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.4 * max(values, default=1) or 1)
-    ax.set_xlabel("bytes one rank sent per step (measured)")
+    ax.set_xlim(0, 1.4 * max(values, default=1) / scale or 1)
+    ax.set_xlabel(f"{unit} one rank sent per step (measured)")
     ax.set_title("which groups talk most", fontsize=10)
 
 
@@ -173,3 +174,31 @@ def plot_scenario(runs: dict, capacity_bytes: int | None = None) -> Figure:
             bars.append({"label": name, "breakdown": fullest["memory"]["at_peak"]})
     return plot_memory_bars(bars, capacity_bytes,
                             title="the fullest rank of each run, measured (hatched: OOM)")
+
+
+
+def describe_runs(runs: dict, reference, capacity_bytes: int) -> str:
+    """One line per run ({name: TrainReport or DeviceOOM}): out of memory, or its fullest
+    rank's peak, the weights and optimizer state it held there as fractions of one device's
+    (Adam's: two moments per weight), the bytes one rank sent per step along each dimension,
+    and its median step split into computation and each dimension's communication (ms).
+    ``reference``: the same training on one device without a cap (what it needs)."""
+    need = max(reference.peak_bytes)
+    weights = reference.ranks[0]["memory"]["category_peaks"]["parameters"]
+    whole = {"parameters": weights, "optimizer": 2 * weights}
+    lines = [f"one device, without a cap, peaks at {format_bytes(need)}: "
+             f"{need / capacity_bytes:.2f}x the {format_bytes(capacity_bytes)} cap"]
+    for name, run in runs.items():
+        if hasattr(run, "requested_bytes"):  # a DeviceOOM
+            lines.append(f"{name}: out of memory on rank {run.rank}")
+            continue
+        fullest = max(run.ranks, key=lambda r: r["memory"]["peak_bytes"])["memory"]
+        held = ", ".join(f"{c} {fullest['at_peak'][c] / whole[c]:.2f}" for c in whole)
+        sent = ", ".join(f"{d} {format_bytes(b)}" for d, b in wire_bytes_by_dim(run).items())
+        split = ", ".join(f"{'computation' if k == 'compute' else k} {v * 1e3:.0f}"
+                          for k, v in step_split_by_dim(run).items())
+        note = "; ranks sharing cores" if run.oversubscribed else ""
+        lines.append(f"{name} ({run.layout}): fits, peak {format_bytes(fullest['peak_bytes'])}"
+                     f" ({held} of one device's); sent per rank and step: {sent}; median "
+                     f"step {run.median_step_s * 1e3:.0f} ms ({split}{note})")
+    return "\n".join(lines)

@@ -32,7 +32,8 @@ def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
     fig = ax.figure
     tops = [sum(b["breakdown"].get(c, 0) for c in CATEGORIES) + b.get("requested", 0)
             for b in bars]
-    scale, unit = _scale(max(tops + [capacity_bytes or 0]))
+    highest = max(tops + [b.get("estimate", 0) for b in bars] + [capacity_bytes or 0])
+    scale, unit = _scale(highest)
     x = np.arange(len(bars))
     bottom = np.zeros(len(bars))
     for category in CATEGORIES:
@@ -58,8 +59,9 @@ def plot_memory_bars(bars: list[dict], capacity_bytes: int | None = None,
     ax.set_xticks(x, [b["label"] for b in bars], fontsize=8)
     ax.set(ylabel=f"bytes ({unit})")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_ylim(0, 1.15 * max(tops + [capacity_bytes or 0]) / scale)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1),
+              markerscale=0.4)  # the estimate's tick is a bar wide: a short one in the key
+    ax.set_ylim(0, 1.15 * highest / scale)
     return fig
 
 

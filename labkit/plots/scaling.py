@@ -7,13 +7,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 
-def plot_losses(reports: dict, title: str = "loss per step") -> Figure:
+def plot_losses(reports: dict, title: str = "loss per step", gap: bool = True) -> Figure:
     """Loss curves of several runs (``{label: TrainReport}``) on one axis, and their gap to
     the first one: data parallelism keeps training equal to one device. Runs may have
     different step counts (a torchrun run of 20 steps beside a notebook's 10): the gap is
-    drawn over the steps they share."""
-    fig = Figure(figsize=(9, 3.4), layout="constrained")
-    ax, ax_gap = fig.subplots(1, 2)
+    drawn over the steps they share. ``gap=False``: the curves alone, for runs that are not
+    the same computation (a dense model beside a mixture of experts)."""
+    fig = Figure(figsize=(9, 3.4) if gap else (5.5, 3.4), layout="constrained")
+    ax, ax_gap = fig.subplots(1, 2) if gap else (fig.subplots(), None)
     reference = np.array(next(iter(reports.values())).losses)
     styles = ["-", "--", ":", "-."]
     for i, (label, report) in enumerate(reports.items()):
@@ -21,18 +22,19 @@ def plot_losses(reports: dict, title: str = "loss per step") -> Figure:
         (line,) = ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o",
                           ms=3, label=label, lw=2)
         shared = min(len(losses), len(reference))
-        if i and shared:  # each run keeps its colour in both panels
-            gap = np.abs(losses[:shared] - reference[:shared])
-            ax_gap.plot(np.arange(1, shared + 1), np.maximum(gap, 1e-12), styles[i % 4],
+        if ax_gap is not None and i and shared:  # each run keeps its colour in both panels
+            difference = np.abs(losses[:shared] - reference[:shared])
+            ax_gap.plot(np.arange(1, shared + 1), np.maximum(difference, 1e-12), styles[i % 4],
                         marker="o", ms=3, label=label, color=line.get_color())
-    for axis in (ax, ax_gap):  # steps are whole numbers
+    for axis in (ax, ax_gap) if ax_gap is not None else (ax,):  # steps are whole numbers
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.legend(fontsize=8)
-    ax_gap.set(xlabel="step", ylabel="|loss - first run's loss|", yscale="log",
-               title="difference: float rounding only")
-    ax_gap.axhline(1e-6, color="grey", lw=0.8, ls="--")
-    ax_gap.legend(fontsize=8)
+    if ax_gap is not None:
+        ax_gap.set(xlabel="step", ylabel="|loss - first run's loss|", yscale="log",
+                   title="difference: float rounding only")
+        ax_gap.axhline(1e-6, color="grey", lw=0.8, ls="--")
+        ax_gap.legend(fontsize=8)
     return fig
 
 

@@ -22,6 +22,7 @@ between steps, so it is not stage 2 and labkit does not call it that.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch import nn
@@ -48,9 +49,20 @@ def mixed_policy(precision: str, outermost: bool = False) -> MixedPrecisionPolic
                                 output_dtype=torch.float32 if outermost else None)
 
 
+def quiet_view_warning() -> None:
+    """Silence FSDP2's ``UserWarning`` that a wrapped module returned a view (torch 2.13 warns
+    at every forward where the output is one, e.g. a tensor-parallel layer's local output):
+    it warns that an in-place op on that view would skip a gradient hook, and labkit's step
+    only reads a part's output (the loss, the next stage's input). Only that message, in the
+    rank that applies FSDP2."""
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
+                            category=UserWarning)
+
+
 def apply_fsdp(part: nn.Module, units: list[nn.Module], mesh,
                precision: str = "fp32") -> nn.Module:
     """``fully_shard`` each unit, then the part itself (it takes what the units left)."""
+    quiet_view_warning()
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=mixed_policy(precision))
     return fully_shard(part, mesh=mesh, mp_policy=mixed_policy(precision, outermost=True))
@@ -61,7 +73,9 @@ def apply_replicate(part: nn.Module, mesh) -> nn.Module:
     ``mesh`` (the dp dimension). DDP's successor on FSDP2's machinery: unlike
     ``DistributedDataParallel`` it takes tensor-parallel DTensor weights, and
     torch.distributed.pipelining drives it (DDP's buckets break under GPipe's order in torch
-    2.13)."""
+    2.13). In torch 2.13 it also computes on a copy of the part's weights (its all-gather
+    buffer, filled even with nothing to gather), alive through forward and backward."""
+    quiet_view_warning()
     return replicate(part, mesh=mesh)
 
 

@@ -10,7 +10,7 @@ from labkit.checkpoint.rules import check_checkpointing
 from labkit.layout.presets import layout_for
 from labkit.layout.rules import check_debug_env, check_run
 from labkit.memory.estimate import estimate_memory
-from labkit.memory.fit import model_state_note
+from labkit.memory.fit import ADVICE, model_state_note
 from labkit.memory.oom import DeviceOOM
 from labkit.train.config import TrainConfig
 from labkit.train.loop import train_on_rank
@@ -66,7 +66,7 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
     except DeviceOOM as oom:
         if note:
-            oom.explain(note)
+            oom.explain(note, ADVICE)
         raise
     finally:  # only a cap this call changed: another thread's run may have set one since
         if override:

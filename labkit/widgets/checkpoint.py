@@ -21,8 +21,9 @@ def interval_figure(save_s: float, step_s: float, gpu_mtbf_h: float, gpus: int,
     steps = sorted({max(1, round(best * f)) for f in np.geomspace(1 / SPAN, SPAN, 9)})
     fig = plot_interval(save_s, step_s, mtbf, steps, FAILURES * mtbf, chosen)
     fig.axes[0].set_title(f"{gpus} GPUs, one GPU fails every {gpu_mtbf_h:g} h on average: "
-                          f"the job every {mtbf / 3600:.3g} h. C = {1e3 * save_s:.0f} ms and "
-                          f"a {1e3 * step_s:.0f} ms step measured here; projected", fontsize=8)
+                          f"the job every {mtbf / 3600:.3g} h (projected)\nC = "
+                          f"{1e3 * save_s:.0f} ms and a {1e3 * step_s:.0f} ms step, measured "
+                          "here", fontsize=8)
     return fig
 
 

@@ -1,6 +1,6 @@
 """Long sequences, interactively: a sequence-length slider; each length trains for real on
 one device and with context parallelism under the same capacity, peaks per rank beside the
-cap (or the OOM)."""
+cap (or the OOM, with what the run would have needed, traced on fake tensors)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import dataclasses
 from matplotlib.figure import Figure
 
 from labkit.layout import Layout
+from labkit.memory.estimate import estimate_memory
 from labkit.memory.oom import DeviceOOM
 from labkit.memory.units import format_bytes, parse_bytes
 from labkit.plots.memory import plot_memory_bars
@@ -37,9 +38,10 @@ class SequenceExplorer:
             try:
                 report = train(self.cluster, config, memory_per_device=self.capacity,
                                estimate=False)
-            except DeviceOOM as oom:
+            except DeviceOOM as oom:  # what it would have needed: traced on fake tensors
                 return {"oom": True, "breakdown": oom.breakdown,
-                        "requested": oom.requested_bytes}
+                        "requested": oom.requested_bytes,
+                        "estimate": estimate_memory(config, layout.size).peak_bytes}
         memory = max(report.ranks, key=lambda r: r["memory"]["peak_bytes"])["memory"]
         return {"oom": False, "breakdown": memory["at_peak"], "peak": memory["peak_bytes"],
                 "losses": report.losses, "engine": report.extra.get("cp_engine")}
@@ -62,6 +64,24 @@ class SequenceExplorer:
                              "add shorter lengths to seq_options")
         return fits
 
+    def walled(self) -> list[int]:
+        """The lengths where one device runs out of memory and cp trains (runs them)."""
+        runs = {s: self.result(s) for s in self.seq_options}
+        return [s for s, run in runs.items()
+                if run["one device"]["oom"] and not run[f"cp={self.cp}"]["oom"]]
+
+    def one_device_levers(self, seq: int) -> dict[str, int]:
+        """One device's estimated peak at ``seq`` tokens with each of notebook 01's levers
+        that applies to a batch this small: would a cheaper lever than cp have done?"""
+        model = dataclasses.replace(self.model, seq_len=seq)
+        levers = {"activation checkpointing": {"activation_checkpointing": True},
+                  "bf16": {"precision": "bf16"},
+                  f"accumulation x{self.global_batch}": {"grad_accumulation": self.global_batch}}
+        return {name: estimate_memory(TrainConfig(model=model, global_batch=self.global_batch,
+                                                  steps=self.steps, optimizer="sgd", lr=0.1,
+                                                  **options), 1).peak_bytes
+                for name, options in levers.items()}
+
     def figure(self, seq: int) -> Figure:
         bars = []
         for name, run in self.result(seq).items():
@@ -75,7 +95,8 @@ class SequenceExplorer:
     def message(self, seq: int) -> str:
         parts = []
         for name, run in self.result(seq).items():
-            parts.append(f"{name}: DeviceOOM" if run["oom"] else
+            parts.append(f"{name}: out of memory (needs {format_bytes(run['estimate'])}, "
+                         "estimated)" if run["oom"] else
                          f"{name}: peak {format_bytes(run['peak'])}")
         return "; ".join(parts) + f" (capacity {format_bytes(self.capacity)})"
 

@@ -19,14 +19,18 @@ from labkit.train.api import train
 
 
 class RecommenderExplorer:
-    """Planned and measured memory per rank for (GPU count, rows per table), cached."""
+    """Planned and measured memory per rank for (GPU count, rows per table), cached;
+    ``reports`` ({(GPU count, rows): TrainReport}) hands over runs already made with this
+    config, strategy and capacity."""
 
     def __init__(self, cluster, config, rows_options, gpu_options=(1, 2, 4),
-                 memory_per_device="8MiB", strategy: str = "table_wise"):
+                 memory_per_device="8MiB", strategy: str = "table_wise",
+                 reports: dict | None = None):
         self.cluster, self.config, self.strategy = cluster, config, strategy
         self.rows_options, self.gpu_options = sorted(rows_options), sorted(gpu_options)
         self.capacity = parse_bytes(memory_per_device)
         self._cache: dict[tuple[int, int], dict] = {}
+        self._reports = dict(reports or {})
 
     def config_for(self, rows: int):
         model = dataclasses.replace(self.config.model, rows_per_table=rows)
@@ -46,16 +50,22 @@ class RecommenderExplorer:
                                  row_wise=self.strategy == "row_wise")
             except PlanError:
                 plan = dlrm_plan(config, world_size, self.capacity, row_wise=True)
-            out = {"plan": plan, "plan_fits": plan.fits, "report": None, "oom": None}
-            with self.cluster.resized(world_size):  # and back to the rank count it had
-                try:
-                    out["report"] = train(self.cluster, config,
-                                          memory_per_device=self.capacity, estimate=False)
-                except DeviceOOM as oom:
-                    out["oom"] = oom
+            out = {"plan": plan, "plan_fits": plan.fits, "report": self._reports.get(key),
+                   "oom": None}
+            if out["report"] is None:
+                out["report"], out["oom"] = self._train(world_size, config)
             out["fits"] = out["oom"] is None
             self._cache[key] = out
         return self._cache[key]
+
+    def _train(self, world_size: int, config) -> tuple:
+        """(report, None), or (None, DeviceOOM) when the run does not fit."""
+        with self.cluster.resized(world_size):  # and back to the rank count it had
+            try:
+                return train(self.cluster, config, memory_per_device=self.capacity,
+                             estimate=False), None
+            except DeviceOOM as oom:
+                return None, oom
 
     def figure(self, world_size: int, rows: int) -> Figure:
 
@@ -129,13 +139,13 @@ class RecommenderExplorer:
 def recommender_explorer(cluster, config, rows_options, gpu_options=(1, 2, 4),
                          memory_per_device="8MiB", strategy: str = "table_wise",
                          world_size: int | None = None, rows: int | None = None,
-                         interactive: bool = True):
+                         interactive: bool = True, reports: dict | None = None):
     """GPU-count and table-size sliders over real sharded runs under one capacity; headless,
     the Figure for ``world_size`` and ``rows``."""
     explorer = RecommenderExplorer(cluster, config, rows_options, gpu_options,
-                                   memory_per_device, strategy)
+                                   memory_per_device, strategy, reports)
     world_size = world_size or explorer.gpu_options[-1]
-    rows = rows or explorer.rows_options[0]
+    rows = rows if rows in explorer.rows_options else explorer.rows_options[0]
     if interactive:
         return explorer.widget(world_size, rows)
     return explorer.figure(world_size, rows)
