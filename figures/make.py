@@ -66,7 +66,7 @@ def boundary_figure(cluster, out: Path, smoke: bool) -> Path:
 
 def sharding_figure(cluster, out: Path, smoke: bool) -> Path:
     # An MLP with Adam: model state, not activations, fills the device, as in notebook 05.
-    sizes, worlds = ((2e5, 6e5), (1, 2)) if smoke else ((2e5, 6e5, 1e6, 1.5e6), (1, 2, 4))
+    sizes, worlds = ((2e5, 6e5), (1, 2)) if smoke else ((3e5, 6e5, 8e5, 1.2e6), (1, 2, 4))
     maps = [labkit.sweep_boundary(cluster, "mlp", sizes, worlds, strategy=strategy,
                                   memory_per_device="12MiB", global_batch=32)
             for strategy in ("ddp", "zero1", "fsdp")]

@@ -16,27 +16,71 @@ def nb():
     return lesson("04_tensor_parallel")
 
 
-def test_recorded_values(nb):
+def test_both_joined_results_equal_the_product_in_one_piece(nb):
+    assert nb.results["split_errors"] == {"column": 0.0, "row": 0.0}
+
+
+def test_a_model_too_wide_for_one_device_by_half_again(nb):
     results = nb.results
-    assert results["split_errors"] == {"column": 0.0, "row": 0.0}
     assert results["single_oom"], "the model was meant not to fit one device"
-    assert max(results["tp_peaks"]) <= results["capacity"]  # but it fits split
-    losses = results["losses"]
+    assert results["one_device_peak"] >= 1.5 * results["capacity"]
+
+
+def test_either_cheaper_lever_alone_would_fit_this_model_on_one_device(nb):
+    results = nb.results
+    assert set(results["levers"]) == {"SGD", "bf16"}
+    assert all(peak <= results["capacity"] for peak in results["levers"].values())
+
+
+def test_the_same_model_split_over_the_devices_fits_with_room(nb):
+    assert max(nb.results["tp_peaks"]) <= 0.85 * nb.results["capacity"]
+
+
+def test_the_two_curves_lie_on_top_of_each_other(nb):
+    losses = nb.results["losses"]
     assert all(abs(a - b) < 1e-4 * abs(b) for a, b in zip(losses["tp"], losses["reference"],
                                                            strict=True))
-    n, params = results["world_size"], results["parameters"]
-    assert all(p < 1.1 * params["reference"] / n for p in params["tp"])  # about 1/N each
+
+
+def test_parameters_gradients_and_optimizer_state_shrink_to_about_1_over_n(nb):
+    results = nb.results
+    n, whole = results["world_size"], results["at_peak"]["reference"]
+    assert all(p < 1.1 * results["parameters"]["reference"] / n
+               for p in results["parameters"]["tp"])
+    for rank in results["at_peak"]["tp"]:
+        for part in ("parameters", "gradients", "optimizer"):
+            assert rank[part] < 1.1 * whole[part] / n, part
+
+
+def test_one_all_reduce_per_pair_forward_and_all_but_the_first_backward(nb):
+    results = nb.results
     pairs = results["n_layers"] // 2  # forward: one AllReduce per pair; backward: all but 1st
     rows = results["per_layer"]
     assert sum(r["calls"] for r in rows if r["phase"] == "forward") == pairs
     assert sum(r["calls"] for r in rows if r["phase"] == "backward") == pairs - 1
+    # each carries batch x width numbers, whatever the size of the weights
     assert all(r["bytes"] == 4 * r["shape"][0] * r["shape"][1] for r in rows)
-    total, n = sum(r["bytes"] for r in rows), results["world_size"]
+
+
+def test_on_a_ring_each_rank_sends_2_n_minus_1_over_n_of_the_tensors(nb):
+    results = nb.results
+    rows, n, pairs = results["per_layer"], results["world_size"], results["n_layers"] // 2
+    total = sum(r["bytes"] for r in rows)
     assert results["step_comm"] == {"all_reduce": [2 * pairs - 1, total,
                                                    pytest.approx(2 * (n - 1) / n * total)]}
+
+
+def test_ddps_line_is_flat_tps_rises_with_the_batch_and_crosses_it(nb):
+    results = nb.results
     tp = [r for r in results["versus"] if r["strategy"] == "tp"]
     ddp = [r for r in results["versus"] if r["strategy"] == "ddp"]
     assert all(r["bytes"] * tp[0]["batch"] == tp[0]["bytes"] * r["batch"] for r in tp)
     assert len({r["bytes"] for r in ddp}) == 1
     assert tp[0]["bytes"] < ddp[0]["bytes"] and tp[-1]["bytes"] > ddp[-1]["bytes"]
     assert tp[0]["batch"] < results["crossover"] < tp[-1]["batch"]
+
+
+def test_the_links_table_says_plainly_which_figures_are_unverified(nb):
+    cell = nb.cell(nb.cells_with("links_table()")[0])
+    text = "".join(o.get("text", "") for o in cell.outputs)
+    assert "UNSURE" not in text and "unverified:" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 
@@ -59,3 +60,15 @@ def theoretical_bubble(stages: int, microbatches: int, virtual: int = 1) -> floa
     p devices and m micro-batches. With v stages per device (interleaved 1F1B, Narayanan et
     al., 2021) the fill and drain shrink v-fold: (p - 1) / (v m + p - 1)."""
     return (stages - 1) / (virtual * microbatches + stages - 1)
+
+
+def measured_bubble(report) -> float:
+    """A pipelined run's bubble: the median, over its steps after the first (which builds
+    lazy state and warms the links up), of ``bubble_fraction`` over the stages of its first
+    pipeline (``report``: a TrainReport). One step's bubble moves by a few points from run
+    to run on shared CPU cores; the median over steps moves less."""
+    layout = report.layout
+    ranks = [report.ranks[layout.rank_at(pp=s)] for s in range(layout.pp)]
+    steps = len(ranks[0]["records"])
+    return statistics.median(bubble_fraction([rank["records"][i]["timeline"] for rank in ranks])
+                             for i in range(1 if steps > 1 else 0, steps))

@@ -39,7 +39,7 @@ def plot_gantt(report, step: int = -1, ax=None) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("ms since the step began (measured here)")
     ax.set_title(f"{report.config.label}, {p} stages, {m} micro-batch(es): bubble "
-                 f"{100 * bubble_fraction(timelines):.0f}% measured, "
+                 f"{100 * bubble_fraction(timelines):.0f}% measured in this step, "
                  f"{100 * theoretical_bubble(p, m, virtual):.0f}% by "
                  f"(p-1)/({'v m' if virtual > 1 else 'm'}+p-1)", fontsize=9)
     ax.legend(handles=[Patch(color=COLORS["F"], label="forward"),

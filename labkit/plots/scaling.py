@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def plot_losses(reports: dict, title: str = "loss per step", gap: bool = True) -> Figure:
@@ -19,13 +20,15 @@ def plot_losses(reports: dict, title: str = "loss per step", gap: bool = True) -
     styles = ["-", "--", ":", "-."]
     for i, (label, report) in enumerate(reports.items()):
         losses = np.array(report.losses)
-        ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o", ms=3,
-                label=label, lw=2)
+        (line,) = ax.plot(np.arange(1, len(losses) + 1), losses, styles[i % 4], marker="o",
+                          ms=3, label=label, lw=2)
         shared = min(len(losses), len(reference))
-        if ax_gap is not None and i and shared:
+        if ax_gap is not None and i and shared:  # each run keeps its colour in both panels
             difference = np.abs(losses[:shared] - reference[:shared])
             ax_gap.plot(np.arange(1, shared + 1), np.maximum(difference, 1e-12), styles[i % 4],
-                        marker="o", ms=3, label=label)
+                        marker="o", ms=3, label=label, color=line.get_color())
+    for axis in (ax, ax_gap) if ax_gap is not None else (ax,):  # steps are whole numbers
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.legend(fontsize=8)
     if ax_gap is not None:

@@ -113,9 +113,11 @@ def plot_tp_vs_ddp(result) -> Figure:
         calls = max(result.series(strategy, "calls"))
         ax_bytes.plot(batches, values, "o-", color=STRATEGY_COLORS[strategy],
                       label=f"{label} ({calls} all-reduce(s) per step)")
-        for b, v in zip(batches, values, strict=True):
+        above = strategy == "ddp"  # TP's labels under its points: where the lines cross,
+        for b, v in zip(batches, values, strict=True):  # the two labels would overlap
             ax_bytes.annotate(format_bytes(v), (b, v), fontsize=7, textcoords="offset points",
-                              xytext=(-4, 6), ha="right" if b == batches[-1] else "left")
+                              xytext=(-4, 6 if above else -6), va="bottom" if above else "top",
+                              ha="right" if b == batches[-1] else "left")
     ax_bytes.set(xscale="log", yscale="log", xlabel="global batch (samples per step)",
                  ylabel="bytes all-reduced per step",
                  title=f"{result.model} ({result.params / 1e6:.2g}M params) on "

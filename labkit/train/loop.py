@@ -13,6 +13,7 @@ An observer has three calls, all outside the step's timing and its meter:
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import nullcontext
 
 from labkit.build import ParallelContext, build, full_weights, parallel_context
@@ -103,8 +104,10 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
     record = _record(built, timing, meter, tracked)
     for observer in observers:
         record.extras.update(observer.after_step(run, built, step, meter))
-    # rank 0's loss (of its slice of the batch) in the live progress text
-    loss = f", rank 0 loss {record.loss:.6g}" if run.rank == 0 and record.loss is not None else ""
+    # rank 0's loss (of its slice of the batch) in the live progress text; a pipeline's rank 0
+    # is its first stage, which computes no loss (nan): then the text shows none
+    shown = run.rank == 0 and record.loss is not None and not math.isnan(record.loss)
+    loss = f", rank 0 loss {record.loss:.6g}" if shown else ""
     run.report(step + 1, config.steps, f"{config.label} x{run.world_size}{loss}")
     return record
 
