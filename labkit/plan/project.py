@@ -34,6 +34,7 @@ from labkit.plan.counts import (
     param_tensors,
     sample_counts,
 )
+from labkit.plan.frameworks import framework
 from labkit.plan.hardware import Cluster
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
@@ -193,13 +194,8 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
                flash_attention: bool = True) -> StepCosts:
     """The counted costs of one step on the worst rank (cached per layout)."""
     flops, model_flops = step_flops(model_config, layout, lever)
-    params = local_params(model_config, layout)
-    counts = sample_counts(model_config)
-    samples_here = lever.global_batch / layout.data_size
-    # other_bytes is counted in fp32: a bf16 step moves about half
-    width = compute_bytes(lever.precision) / 4
-    memory_bound = ((counts.lookup_bytes + counts.other_bytes * width) * samples_here
-                    / (layout.tp * layout.pp) + counts.table_bytes)
+    params = local_params(model_config, layout, lever.framework)
+    tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     if is_decoder(model_config):
         memory = decoder_memory(model_config, layout, lever, measured, flash_attention)
         method = "counted per block, scaled"
@@ -208,12 +204,41 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
         method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
-    # the optimizer's passes over parameters, gradients and its state, counted on its ops
-    memory_bound += optimizer_counts(lever.optimizer)[0] * memory["parameters"]
+    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"])
     comm = step_comm(model_config, layout, lever, params, measured)
-    tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
                      tokens, method)
+
+
+def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
+                       parameter_bytes: float) -> float:
+    """Bytes the step's bandwidth-bound ops move on one rank: embedding lookups, the other
+    non-matmul ops (counted in fp32: a bf16 step moves about half), attention's, and the
+    optimizer's passes over its state (counted on its ops).
+
+    Attention: the math path writes and reads the seq x seq scores (counted on meta); a fused
+    kernel (FlashAttention) reads q, k, v and writes its output forward, and reads q, k, v,
+    the output and its gradient and writes three gradients backward (Dao et al. 2022): 12
+    tensors of (seq, d_model) per layer. Recomputation repeats the forward's share: a third
+    of a step's traffic (backward costs about twice forward: Kaplan et al. 2020), the whole
+    blocks' under full checkpointing, the scores' under selective recomputation."""
+    counts = sample_counts(model_config)
+    samples_here = lever.global_batch / layout.data_size
+    width = compute_bytes(lever.precision) / 4
+    if lever.flash_attention and is_decoder(model_config):
+        attention = 12.0 * 4 * model_config.n_layers * model_config.seq_len * model_config.d_model
+    else:
+        attention = counts.attention_bytes
+    other = counts.other_bytes + attention
+    if lever.activation_checkpointing:
+        other += (counts.other_bytes + attention) / 3
+    elif lever.selective_recompute == "op":  # every op but the matmuls and attention again
+        other += counts.other_bytes / 3
+    elif lever.selective_recompute and not lever.flash_attention:
+        other += attention / 3
+    per_rank = ((counts.lookup_bytes + other * width) * samples_here / (layout.tp * layout.pp)
+                + counts.table_bytes)
+    return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes
 
 
 def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
@@ -232,14 +257,25 @@ def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str
 
 def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
             micro_batches: int = 1, precision: str = "mixed",
-            activation_checkpointing: bool = False, optimizer: str = "adam") -> Projection:
-    """Project one training step of ``model_config`` with ``layout`` on ``cluster``."""
+            activation_checkpointing: bool = False, optimizer: str = "adam", *,
+            selective_recompute: bool = False, sequence_parallel: bool = False,
+            zero_stage: int = 0, flash_attention: bool | None = None,
+            framework: str = "labkit") -> Projection:
+    """Project one training step of ``model_config`` with ``layout`` on ``cluster``.
+
+    ``selective_recompute``, ``sequence_parallel``: Korthikanti et al. 2022's levers (tp);
+    ``zero_stage``: 1 or 2 shards the optimizer state (and gradients) over the dp replicas
+    beside tp and pp (Megatron's distributed optimizer, DeepSpeed's ZeRO); ``flash_attention``
+    None: a fused kernel on GPUs, the math path on this machine; ``framework``: whose
+    defaults the run has (``labkit.plan.frameworks.FRAMEWORKS``)."""
     from labkit.plan.rules import check_layout
 
-    lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer)
-    check_layout(model_config, layout, cluster, lever)
     measured = cluster.gpu.measured
-    costs = step_costs(model_config, layout, lever, measured, not measured)
+    flash = (not measured) if flash_attention is None else bool(flash_attention)
+    lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer,
+                  selective_recompute, sequence_parallel, zero_stage, flash, framework)
+    check_layout(model_config, layout, cluster, lever)
+    costs = step_costs(model_config, layout, lever, measured, flash)
     return _time(model_config, layout, cluster, lever, costs)
 
 
@@ -260,12 +296,17 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
         if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
             critical[dim] = critical.get(dim, 0.0) + t
     exposed = dict(busy)
+    runner = framework(lever.framework)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
+    if runner.tp_overlap and "tp" in busy:  # run under the matmuls that feed them
+        exposed["tp"] = max(0.0, busy["tp"] - compute)
     for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
         if dim in busy:
             calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
                         and k != "all_to_all")
             hide = backward if dim == "dp" else compute
+            if not runner.dp_overlap:  # reduced after backward, whole
+                hide, calls = 0.0, 1
             if layout.data_engine == "naive" or cluster.gpu.measured:
                 # this machine: a CPU rank's collectives run on gloo's threads, on the one
                 # core its compute has (no copy engine, no second stream): labkit's own split

@@ -11,6 +11,7 @@ on 1024 GPUs is searched in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -158,6 +159,7 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     measured = cluster.gpu.measured
     for layout, lever in candidates(model_config, cluster, global_batch, precisions,
                                     checkpointing, cp, optimizer):
+        lever = dataclasses.replace(lever, flash_attention=not measured)
         label = (f"{layout} m={lever.micro_batches} {lever.precision}"
                  f"{' ckpt' if lever.activation_checkpointing else ''}")
         try:

@@ -49,6 +49,18 @@ class Lever:
     precision: str = "mixed"  # "fp32", "bf16", "mixed"
     activation_checkpointing: bool = False
     optimizer: str = "adam"
+    # selective recomputation: True (or "attention"): Korthikanti et al. 2022's, the attention
+    # core (scores, softmax) recomputed in backward; "op": torchtitan's op-level policy, every
+    # op recomputed but the matmuls' and attention's outputs, of which every second matmul's
+    selective_recompute: bool | str = False
+    # Korthikanti et al. 2022: norms and residuals split over the tp ranks along the sequence
+    sequence_parallel: bool = False
+    # ZeRO over the dp replicas beside tp/pp (Megatron's distributed optimizer: 1; 2 shards
+    # the gradients too); 0: none (the layout's own dp_kind still applies)
+    zero_stage: int = 0
+    # a fused attention kernel (FlashAttention): no seq x seq scores written or kept
+    flash_attention: bool = True
+    framework: str = "labkit"  # labkit.plan.frameworks.FRAMEWORKS
 
 
 @dataclass
@@ -79,30 +91,34 @@ class StepCosts:
         return sum(self.memory.values())
 
 
-def _zero_stage(layout: Layout) -> tuple[int, int]:
-    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine."""
+def _zero_stage(layout: Layout, lever: Lever | None = None) -> tuple[int, int]:
+    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine, or of the
+    lever's ``zero_stage`` over the dp replicas (beside tp and pp)."""
     engine = layout.data_engine
     if engine == "fsdp":
         return 3, layout.fsdp
     if engine == "zero1":
         return 1, layout.dp
+    if lever is not None and lever.zero_stage and layout.dp > 1:
+        return lever.zero_stage, layout.dp
     return 0, 1
 
 
-def _state_precision(precision: str, measured: bool = False) -> str:
-    """The ``model_state_bytes`` row of labkit's precision lever, on any cluster: "mixed"
-    keeps fp32 weights, fp32 gradients (reduced in fp32: FSDP2's ``reduce_dtype``, DDP on
-    fp32 parameters) and fp32 Adam moments, computing in bf16 (autocast, or FSDP2's
-    ``param_dtype``): the "fp32" row, 16 B per parameter with Adam, the same total as the ZeRO
-    paper's "mixed" row (2 + 2 + 12). The wire carries what memory holds (``step_comm``)."""
-    return "fp32" if precision == "mixed" else precision
+def _state_precision(precision: str, framework_name: str = "labkit") -> str:
+    """The ``model_state_bytes`` row (recipe) of the precision lever: "mixed" is the
+    framework's mixed precision (labkit, torchtitan: "fp32-master", fp32 weights, gradients
+    reduced in fp32 and moments, bf16 compute; Megatron: "megatron", bf16 weights, fp32 main
+    gradients, fp32 master and moments). The wire carries what memory holds (``step_comm``)."""
+    from labkit.plan.frameworks import framework
+
+    return framework(framework_name).state_recipe if precision == "mixed" else precision
 
 
 def _optimizer_share(row: str, optimizer: str) -> float:
     """The part of ``model_state_bytes``'s Adam state that ``optimizer`` keeps: its moments
-    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of the "mixed" row."""
+    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of a row that has one."""
     moment = 2 if row == "bf16" else 4
-    master = 4 if row == "mixed" else 0
+    master = 4 if row in ("mixed", "megatron") else 0
     adam = master + OPTIMIZER_STATE_COPIES["adam"] * moment
     return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
 
@@ -130,38 +146,92 @@ def _tokens_per_sample(model_config) -> int:
     return getattr(model_config, "seq_len", 1)
 
 
+def attention_flops(model_config) -> float:
+    """Forward FLOPs of one sample's attention scores and weighted sum (Q K^T and P V,
+    2 s^2 d each per layer): what the meta count's math path charges forward (backward twice
+    that); 0 for a model without attention."""
+    if not is_decoder(model_config):
+        return 0.0
+    return 4.0 * model_config.n_layers * model_config.seq_len ** 2 * model_config.d_model
+
+
 def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float]:
-    """(FLOPs of this rank, model FLOPs of the step over all ranks)."""
+    """(FLOPs of this rank, model FLOPs of the step over all ranks).
+
+    Recomputation: full checkpointing reruns the blocks' forward; selective reruns the
+    attention core (Korthikanti et al. 2022). A fused causal attention kernel (FlashAttention)
+    skips the blocks above the diagonal (half the scores; Dao 2023, FlashAttention-2, section
+    3.1.1) and its backward runs 5 of the matmuls where the forward runs 2 (it recomputes the
+    scores: Algorithm 2), so it does 3.5 x 0.5 of the forward's attention FLOPs where the math
+    path's forward and backward do 3, and selective recomputation adds nothing to it."""
     counts = sample_counts(model_config)
     model = counts.flops * lever.global_batch
-    recompute = counts.block_forward_flops * lever.global_batch if (
-        lever.activation_checkpointing) else 0.0
-    return (model + recompute) / layout.size, model
+    attn = attention_flops(model_config)
+    per_sample = counts.flops
+    if lever.activation_checkpointing:
+        per_sample += counts.block_forward_flops
+    elif lever.selective_recompute == "op":  # every second of the blocks' matmuls again
+        per_sample += 0.5 * (counts.block_forward_flops - attn)
+    elif lever.selective_recompute and not lever.flash_attention:
+        per_sample += attn
+    if lever.flash_attention and attn:
+        again = attn if lever.activation_checkpointing else 0.0
+        per_sample += (3.5 * attn + again) * 0.5 - (3 * attn + again)
+    return per_sample * lever.global_batch / layout.size, model
+
+
+def _activation_blocks(model_config, layout: Layout, lever: Lever,
+                       flash_attention: bool) -> tuple:
+    """(block counts, bytes one block saves per sample, its input's bytes per sample) on a
+    tp rank: the seq x seq scores left out under fused attention or selective
+    recomputation, the d_model-wide tensors split over tp under sequence parallelism."""
+    no_scores = flash_attention or bool(lever.selective_recompute)
+    blocks = block_counts(model_config, layout.tp, no_scores)
+    saved, inputs = blocks.saved_bytes, blocks.input_bytes
+    if lever.selective_recompute == "op":
+        saved = op_policy_saved_bytes(model_config, layout.tp)
+    if lever.sequence_parallel and layout.tp > 1:
+        saved -= blocks.full_width_bytes * (1 - 1 / layout.tp)
+        inputs /= layout.tp
+    return blocks, saved, inputs
+
+
+def op_policy_saved_bytes(model_config, tp: int) -> float:
+    """Bytes per sample one block keeps under torchtitan's op-level selective checkpointing
+    (torchtitan/distributed/activation_checkpoint.py: save the outputs of matmuls and of
+    attention, except every second matmul; recompute the rest), counted in fp32 like
+    ``block_counts``: the odd-numbered linears' outputs, attention's output and the block's
+    input, on one tp rank."""
+    from labkit.plan.counts import local_block_linears
+
+    tokens = model_config.seq_len * 4  # bytes of one fp32 value per token
+    widths = local_block_linears(model_config, tp)
+    kept = sum(widths[0::2])
+    return tokens * (kept + model_config.d_model // tp + model_config.d_model)
 
 
 def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
                    flash_attention: bool = True) -> dict[str, float]:
     """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
-    blocks = block_counts(model_config, layout.tp, flash_attention)
+    from labkit.plan.frameworks import framework
+
+    blocks, saved, inputs = _activation_blocks(model_config, layout, lever, flash_attention)
     per_stage = math.ceil(model_config.n_layers / layout.pp)
-    counts = sample_counts(model_config)
-    rest = counts.params - model_config.n_layers * blocks.full_params
-    # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
-    ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
-                                           _head_params(model_config))
-    local = ep_local_params(model_config, layout, ends + per_stage * blocks.params)
-    stage, shards = _zero_stage(layout)
-    row = _state_precision(lever.precision, measured)
+    local = local_params(model_config, layout, lever.framework)
+    stage, shards = _zero_stage(layout, lever)
+    row = _state_precision(lever.precision, lever.framework)
     state = model_state_bytes(local, shards, stage, row)
     state["optimizer"] *= _optimizer_share(row, lever.optimizer)
     micro = lever.global_batch // layout.data_size // lever.micro_batches
     width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
     if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
-        in_blocks = per_stage * blocks.input_bytes
-        recompute = blocks.saved_bytes
+        in_blocks = per_stage * inputs
+        recompute = saved
     else:
-        in_blocks, recompute = per_stage * blocks.saved_bytes, 0.0
+        in_blocks, recompute = per_stage * saved, 0.0
     rest = rest_saved_bytes(model_config)
+    if framework(lever.framework).vocab_parallel:  # the logits split over the vocabulary
+        rest /= layout.tp
     if layout.pp == 1:
         per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
     else:  # the first stage holds the most micro-batches, the last the head's logits
@@ -214,10 +284,15 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
             width += sum(again)
         out[("tp", "all_reduce")] = (round(calls), width * tokens * act * m * share)
     if layout.pp > 1:
+        from labkit.plan.frameworks import framework
+
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
         # a middle stage sends activations forward and gradients backward; an end stage one
         sends = m if layout.pp == 2 else 2 * m
-        out[("pp", "send")] = (sends, sends * tokens * width * act)
+        # Megatron's scatter/gather (or sequence parallelism): each tp rank sends 1/tp
+        split = layout.tp if (framework(lever.framework).pp_scatter
+                              or lever.sequence_parallel) else 1
+        out[("pp", "send")] = (sends, sends * tokens * width * act / split)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
@@ -243,10 +318,23 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
     elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
-        out[("dp", "all_reduce")] = (ddp_buckets(grads), grads)
+        out[("dp", "all_reduce")] = (gradient_buckets(grads, local_params, layout.dp,
+                                                      lever.framework), grads)
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out
+
+
+def gradient_buckets(grad_bytes: float, params: float, dp: int,
+                     framework_name: str = "labkit") -> int:
+    """Collectives a step's gradient reduction issues, as the framework buckets it
+    (``labkit.plan.frameworks``): torch DDP's via ``ddp_buckets``."""
+    from labkit.plan.frameworks import framework
+
+    if framework_name == "labkit":
+        return ddp_buckets(grad_bytes)
+    bucket = framework(framework_name).bucket_bytes(params, dp, grad_bytes)
+    return max(1, math.ceil(grad_bytes / bucket))
 
 
 def ddp_buckets(grad_bytes: float) -> int:
@@ -274,14 +362,20 @@ def replace_layers(model_config, n_layers: int):
     return dataclasses.replace(model_config, n_layers=n_layers)
 
 
-def local_params(model_config, layout: Layout) -> float:
-    """Parameters one rank holds before any ZeRO sharding (split by tp and pp)."""
+def local_params(model_config, layout: Layout, framework_name: str = "labkit") -> float:
+    """Parameters one rank holds before any ZeRO sharding (split by tp and pp; the embedding
+    and head split over tp too where the framework's are vocab-parallel)."""
+    from labkit.plan.frameworks import framework
+
     counts = sample_counts(model_config)
     if is_decoder(model_config):
         blocks = block_counts(model_config, layout.tp)
         rest = counts.params - model_config.n_layers * blocks.full_params
         per_stage = math.ceil(model_config.n_layers / layout.pp)
+        # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
         ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
                                                _head_params(model_config))
+        if framework(framework_name).vocab_parallel:
+            ends /= layout.tp
         return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
     return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split

@@ -1,0 +1,83 @@
+"""How each training framework runs a layout, as its documentation and papers say: what the
+planner needs to know about one beside the layout (``project(..., framework=...)``).
+
+* ``dp_overlap``: whether the data-parallel gradient reduction runs during backward (buckets
+  launched as their gradients are ready) or after it, whole.
+* ``bucket_bytes(params, dp, grad_bytes)``: the bytes of one gradient bucket, as the
+  framework sizes it (each bucket is one collective and pays its latency).
+* ``tp_overlap``: whether tensor parallelism's collectives run under the matmuls that produce
+  and consume them (Megatron-Core's ``--tp-comm-overlap``, Transformer Engine's userbuffers)
+  or on the critical path.
+* ``pp_scatter``: whether a pipeline send carries 1/tp of the activation from each tp rank
+  (Megatron's scatter/gather: Narayanan et al. 2021, section 4.1; with sequence parallelism
+  the activation is sequence-split already) or the whole activation from each.
+* ``vocab_parallel``: whether the embedding and the output head are split over tp (Megatron's
+  ``VocabParallelEmbedding`` and parallel LM head; torchtitan's TP plan shards both).
+* ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
+  keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
+  main gradients, fp32 master weights and moments: "megatron").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MiB = 2**20
+
+
+def _torch_ddp_bucket(params: float, dp: int, grad_bytes: float) -> float:
+    # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25): the documented default
+    return 25 * MiB
+
+
+def _megatron_core_bucket(params: float, dp: int, grad_bytes: float) -> float:
+    # Megatron-Core DistributedDataParallelConfig.bucket_size: None, set by the DDP wrapper
+    # to max(40,000,000, 1,000,000 x dp) parameters (megatron/core/distributed/
+    # distributed_data_parallel.py), in the gradients' bytes per parameter
+    per_param = grad_bytes / max(params, 1)
+    return max(40_000_000, 1_000_000 * dp) * per_param
+
+
+def _one_buffer(params: float, dp: int, grad_bytes: float) -> float:
+    # Megatron-LM 2021: one AllReduce of the contiguous gradient buffer after backward
+    return max(grad_bytes, 1.0)
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    dp_overlap: bool
+    bucket_bytes: Callable[[float, int, float], float]
+    tp_overlap: bool
+    pp_scatter: bool
+    vocab_parallel: bool
+    state_recipe: str
+    source: str
+
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework("labkit", True, _torch_ddp_bucket, False, False, False, "fp32-master",
+              "labkit's engines: torch DDP (25 MiB buckets, overlapped with backward), FSDP2, "
+              "DTensor TP (synchronous), torch.distributed.pipelining (whole activations)"),
+    Framework("torchtitan", True, _torch_ddp_bucket, False, False, True, "fp32-master",
+              "torchtitan: FSDP2 with fp32 sharded parameters and fp32 reduce "
+              "(mixed_precision_reduce), TP plan sharding embeddings and output, async TP off "
+              "by default"),
+    Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
+              "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
+              "from one contiguous buffer; TP collectives on the critical path; "
+              "scatter/gather pipeline sends (section 4.1)"),
+    Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
+              "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
+              "parameters, --tp-comm-overlap, distributed optimizer (docs: "
+              "distrib_optimizer.md, 18 bytes per parameter, 6 + 12/d distributed)"),
+)}
+
+
+def framework(name: str) -> Framework:
+    """The table's row ``name``; an unknown name lists the known ones."""
+    if name not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {name!r}: the planner knows "
+                         f"{', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
