@@ -13,6 +13,9 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   the activation is sequence-split already) or the whole activation from each.
 * ``vocab_parallel``: whether the embedding and the output head are split over tp (Megatron's
   ``VocabParallelEmbedding`` and parallel LM head; torchtitan's TP plan shards both).
+* ``attention_dropout``: whether attention's probabilities pass through dropout (Megatron's
+  GPT default ``--attention-dropout 0.1``): on the math path a mask of (heads, seq, seq) is
+  written forward and read backward, and the probabilities read and written once more.
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -54,6 +57,7 @@ class Framework:
     vocab_parallel: bool
     state_recipe: str
     source: str
+    attention_dropout: bool = False
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -67,7 +71,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "
-              "scatter/gather pipeline sends (section 4.1)"),
+              "scatter/gather pipeline sends (section 4.1); attention and hidden dropout 0.1 "
+              "(the GPT defaults of megatron/arguments.py)", attention_dropout=True),
     Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs: "

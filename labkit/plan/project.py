@@ -32,7 +32,6 @@ from labkit.plan.counts import (
     is_recommender,
     optimizer_counts,
     param_tensors,
-    sample_counts,
 )
 from labkit.plan.frameworks import framework
 from labkit.plan.hardware import Cluster
@@ -46,6 +45,7 @@ from labkit.plan.step import (
     step_comm,
     step_flops,
 )
+from labkit.plan.traffic import memory_bound_bytes
 
 ASSUMPTIONS = (
     "compute runs at the cluster's efficiency x peak FLOP/s (a named assumption on GPUs; "
@@ -116,6 +116,12 @@ class Projection:
         return self.costs.model_flops / self.step_s / peak
 
     @property
+    def hardware_flops_per_gpu(self) -> float:
+        """FLOP/s each GPU computes (recomputation counted, the busiest rank's): the
+        hardware's rate, beside ``mfu``'s model FLOPs over peak."""
+        return self.costs.flops / self.step_s
+
+    @property
     def peak_bytes(self) -> float:
         return self.costs.peak_bytes
 
@@ -153,6 +159,7 @@ class Projection:
                 "activation_checkpointing": self.lever.activation_checkpointing,
                 **self.split(), "samples_per_s": self.samples_per_s,
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "hardware_tflops_per_gpu": self.hardware_flops_per_gpu / 1e12,
                 "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links,
                 "caveats": list(self.caveats)}
 
@@ -161,7 +168,8 @@ class Projection:
         return (f"<b>projected</b> {self.layout} on {self.cluster}: step "
                 f"{s['step_s'] * 1e3:.1f} ms (compute {s['compute_s'] * 1e3:.1f}, exposed "
                 f"comm {s['exposed_comm_s'] * 1e3:.1f}, bubble {s['bubble_s'] * 1e3:.1f}); "
-                f"MFU {self.mfu:.0%}; peak {format_bytes(self.peak_bytes)} per GPU of "
+                f"MFU {self.mfu:.0%}, {self.hardware_flops_per_gpu / 1e12:.0f} hardware "
+                f"TFLOP/s per GPU; peak {format_bytes(self.peak_bytes)} per GPU of "
                 f"{format_bytes(self.cluster.gpu.usable_memory_bytes)} usable"
                 + "".join(f"<br><b>caveat</b>: {c}" for c in self.caveats) +
                 f"<br><small>assumptions: {'; '.join(self.assumptions)}</small>")
@@ -210,37 +218,6 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
                      tokens, method)
 
 
-def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
-                       parameter_bytes: float) -> float:
-    """Bytes the step's bandwidth-bound ops move on one rank: embedding lookups, the other
-    non-matmul ops (counted in fp32: a bf16 step moves about half), attention's, and the
-    optimizer's passes over its state (counted on its ops).
-
-    Attention: the math path writes and reads the seq x seq scores (counted on meta); a fused
-    kernel (FlashAttention) reads q, k, v and writes its output forward, and reads q, k, v,
-    the output and its gradient and writes three gradients backward (Dao et al. 2022): 12
-    tensors of (seq, d_model) per layer. Recomputation repeats the forward's share: a third
-    of a step's traffic (backward costs about twice forward: Kaplan et al. 2020), the whole
-    blocks' under full checkpointing, the scores' under selective recomputation."""
-    counts = sample_counts(model_config)
-    samples_here = lever.global_batch / layout.data_size
-    width = compute_bytes(lever.precision) / 4
-    if lever.flash_attention and is_decoder(model_config):
-        attention = 12.0 * 4 * model_config.n_layers * model_config.seq_len * model_config.d_model
-    else:
-        attention = counts.attention_bytes
-    other = counts.other_bytes + attention
-    if lever.activation_checkpointing:
-        other += (counts.other_bytes + attention) / 3
-    elif lever.selective_recompute == "op":  # every op but the matmuls and attention again
-        other += counts.other_bytes / 3
-    elif lever.selective_recompute and not lever.flash_attention:
-        other += attention / 3
-    per_rank = ((counts.lookup_bytes + other * width) * samples_here / (layout.tp * layout.pp)
-                + counts.table_bytes)
-    return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes
-
-
 def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
     """Peak by category from ``estimate_memory`` (fake tensors, the real engines)."""
     from labkit.memory.estimate import estimate_memory
@@ -268,8 +245,9 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
     beside tp and pp (Megatron's distributed optimizer, DeepSpeed's ZeRO); ``flash_attention``
     None: a fused kernel on GPUs, the math path on this machine; ``framework``: whose
     defaults the run has (``labkit.plan.frameworks.FRAMEWORKS``)."""
-    from labkit.plan.rules import check_layout
+    from labkit.plan.rules import check_layout, warn_tokens_as_batch
 
+    warn_tokens_as_batch(model_config, global_batch)
     measured = cluster.gpu.measured
     flash = (not measured) if flash_attention is None else bool(flash_attention)
     lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer,

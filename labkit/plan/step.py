@@ -7,12 +7,7 @@ scales them by the layout, each rule in one place:
 * FLOPs per rank: the model's per-sample FLOPs x samples in the step / ranks (data
   parallelism splits samples, tensor parallelism each matmul, a pipeline the layers), plus the
   blocks' forward again under activation checkpointing.
-* Memory per rank, for decoders (any size, no trace): the state of this rank's parameters
-  (``labkit.costs.model_state_bytes``: ZeRO-3 over fsdp, ZeRO-1 over dp for "zero1"), the
-  activations autograd saves per block per sample (counted for one tp rank's block) x blocks
-  on the stage x samples per micro-batch x micro-batches in flight (1; a 1F1B stage holds pp,
-  GPipe all of them), and FSDP's two gathered blocks. Other models (the MLP, the DLRM) are
-  traced whole by ``labkit.memory.estimate_memory`` (they are small, or their size is tables).
+* Memory per rank: ``memory_model.py``; memory-bound traffic: ``traffic.py``.
 * Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
   sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
   activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
@@ -26,105 +21,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass, field
 
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
 from labkit.layout.layout import Layout
 from labkit.models import build_model, plan_for
-from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
-from labkit.plan.cp_ep import cp_ep_comm, ep_local_params
+from labkit.plan.counts import block_counts, is_decoder, sample_counts
+from labkit.plan.cp_ep import cp_ep_comm
+from labkit.plan.levers import Lever, StepCosts, compute_bytes
+from labkit.plan.memory_model import _zero_stage, decoder_memory, local_params
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's default: 1 MiB)
-
-
-@dataclass(frozen=True)
-class Lever:
-    """The per-run choices besides the layout (the ``TrainConfig`` levers)."""
-
-    global_batch: int
-    micro_batches: int = 1
-    precision: str = "mixed"  # "fp32", "bf16", "mixed"
-    activation_checkpointing: bool = False
-    optimizer: str = "adam"
-    # selective recomputation: True (or "attention"): Korthikanti et al. 2022's, the attention
-    # core (scores, softmax) recomputed in backward; "op": torchtitan's op-level policy, every
-    # op recomputed but the matmuls' and attention's outputs, of which every second matmul's
-    selective_recompute: bool | str = False
-    # Korthikanti et al. 2022: norms and residuals split over the tp ranks along the sequence
-    sequence_parallel: bool = False
-    # ZeRO over the dp replicas beside tp/pp (Megatron's distributed optimizer: 1; 2 shards
-    # the gradients too); 0: none (the layout's own dp_kind still applies)
-    zero_stage: int = 0
-    # a fused attention kernel (FlashAttention): no seq x seq scores written or kept
-    flash_attention: bool = True
-    framework: str = "labkit"  # labkit.plan.frameworks.FRAMEWORKS
-
-
-@dataclass
-class StepCosts:
-    """One rank's costs of one step.
-
-    Attributes:
-        flops: FLOPs this rank computes (recomputation included).
-        model_flops: the model's FLOPs per step over all ranks (no recomputation): MFU's top.
-        memory_bound_bytes: bytes moved by ops that are bandwidth-bound (embedding lookups and
-            their gradients, the optimizer's passes over its state:
-            ``counts.optimizer_counts``).
-        memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
-        samples, tokens: per step, all ranks.
-    """
-
-    flops: float
-    model_flops: float
-    memory_bound_bytes: float
-    memory: dict[str, float]
-    comm: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
-    samples: int = 0
-    tokens: int = 0
-    memory_method: str = "counted per block, scaled"
-
-    @property
-    def peak_bytes(self) -> float:
-        return sum(self.memory.values())
-
-
-def _zero_stage(layout: Layout, lever: Lever | None = None) -> tuple[int, int]:
-    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine, or of the
-    lever's ``zero_stage`` over the dp replicas (beside tp and pp)."""
-    engine = layout.data_engine
-    if engine == "fsdp":
-        return 3, layout.fsdp
-    if engine == "zero1":
-        return 1, layout.dp
-    if lever is not None and lever.zero_stage and layout.dp > 1:
-        return lever.zero_stage, layout.dp
-    return 0, 1
-
-
-def _state_precision(precision: str, framework_name: str = "labkit") -> str:
-    """The ``model_state_bytes`` row (recipe) of the precision lever: "mixed" is the
-    framework's mixed precision (labkit, torchtitan: "fp32-master", fp32 weights, gradients
-    reduced in fp32 and moments, bf16 compute; Megatron: "megatron", bf16 weights, fp32 main
-    gradients, fp32 master and moments). The wire carries what memory holds (``step_comm``)."""
-    from labkit.plan.frameworks import framework
-
-    return framework(framework_name).state_recipe if precision == "mixed" else precision
-
-
-def _optimizer_share(row: str, optimizer: str) -> float:
-    """The part of ``model_state_bytes``'s Adam state that ``optimizer`` keeps: its moments
-    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of a row that has one."""
-    moment = 2 if row == "bf16" else 4
-    master = 4 if row in ("mixed", "megatron") else 0
-    adam = master + OPTIMIZER_STATE_COPIES["adam"] * moment
-    return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
-
-
-def compute_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
 
 
 @functools.lru_cache(maxsize=64)
@@ -178,86 +86,6 @@ def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float
         again = attn if lever.activation_checkpointing else 0.0
         per_sample += (3.5 * attn + again) * 0.5 - (3 * attn + again)
     return per_sample * lever.global_batch / layout.size, model
-
-
-def _activation_blocks(model_config, layout: Layout, lever: Lever,
-                       flash_attention: bool) -> tuple:
-    """(block counts, bytes one block saves per sample, its input's bytes per sample) on a
-    tp rank: the seq x seq scores left out under fused attention or selective
-    recomputation, the d_model-wide tensors split over tp under sequence parallelism."""
-    no_scores = flash_attention or bool(lever.selective_recompute)
-    blocks = block_counts(model_config, layout.tp, no_scores)
-    saved, inputs = blocks.saved_bytes, blocks.input_bytes
-    if lever.selective_recompute == "op":
-        saved = op_policy_saved_bytes(model_config, layout.tp)
-    if lever.sequence_parallel and layout.tp > 1:
-        saved -= blocks.full_width_bytes * (1 - 1 / layout.tp)
-        inputs /= layout.tp
-    return blocks, saved, inputs
-
-
-def op_policy_saved_bytes(model_config, tp: int) -> float:
-    """Bytes per sample one block keeps under torchtitan's op-level selective checkpointing
-    (torchtitan/distributed/activation_checkpoint.py: save the outputs of matmuls and of
-    attention, except every second matmul; recompute the rest), counted in fp32 like
-    ``block_counts``: the odd-numbered linears' outputs, attention's output and the block's
-    input, on one tp rank."""
-    from labkit.plan.counts import local_block_linears
-
-    tokens = model_config.seq_len * 4  # bytes of one fp32 value per token
-    widths = local_block_linears(model_config, tp)
-    kept = sum(widths[0::2])
-    return tokens * (kept + model_config.d_model // tp + model_config.d_model)
-
-
-def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
-                   flash_attention: bool = True) -> dict[str, float]:
-    """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
-    from labkit.plan.frameworks import framework
-
-    blocks, saved, inputs = _activation_blocks(model_config, layout, lever, flash_attention)
-    per_stage = math.ceil(model_config.n_layers / layout.pp)
-    local = local_params(model_config, layout, lever.framework)
-    stage, shards = _zero_stage(layout, lever)
-    row = _state_precision(lever.precision, lever.framework)
-    state = model_state_bytes(local, shards, stage, row)
-    state["optimizer"] *= _optimizer_share(row, lever.optimizer)
-    micro = lever.global_batch // layout.data_size // lever.micro_batches
-    width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
-    if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
-        in_blocks = per_stage * inputs
-        recompute = saved
-    else:
-        in_blocks, recompute = per_stage * saved, 0.0
-    rest = rest_saved_bytes(model_config)
-    if framework(lever.framework).vocab_parallel:  # the logits split over the vocabulary
-        rest /= layout.tp
-    if layout.pp == 1:
-        per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
-    else:  # the first stage holds the most micro-batches, the last the head's logits
-        first = in_blocks * _in_flight(layout, lever)
-        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
-        per_sample = max(first, last + rest) + recompute
-    activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
-    other = 0.0
-    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
-        other += 2 * blocks.params * compute_bytes(lever.precision)
-    return {"parameters": state["parameters"], "gradients": state["gradients"],
-            "optimizer": state["optimizer"], "activations": activations, "other": other}
-
-
-def _head_params(model_config) -> int:
-    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
-
-
-def _in_flight(layout: Layout, lever: Lever) -> int:
-    """Micro-batches whose activations a stage holds at once (the first stage's)."""
-    schedule = layout.pipeline_schedule
-    if schedule is None:
-        return 1
-    if schedule in ("gpipe", "naive"):
-        return lever.micro_batches
-    return min(layout.pp, lever.micro_batches)
 
 
 def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
@@ -362,20 +190,6 @@ def replace_layers(model_config, n_layers: int):
     return dataclasses.replace(model_config, n_layers=n_layers)
 
 
-def local_params(model_config, layout: Layout, framework_name: str = "labkit") -> float:
-    """Parameters one rank holds before any ZeRO sharding (split by tp and pp; the embedding
-    and head split over tp too where the framework's are vocab-parallel)."""
-    from labkit.plan.frameworks import framework
-
-    counts = sample_counts(model_config)
-    if is_decoder(model_config):
-        blocks = block_counts(model_config, layout.tp)
-        rest = counts.params - model_config.n_layers * blocks.full_params
-        per_stage = math.ceil(model_config.n_layers / layout.pp)
-        # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
-        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
-                                               _head_params(model_config))
-        if framework(framework_name).vocab_parallel:
-            ends /= layout.tp
-        return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
-    return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
+__all__ = ["Lever", "StepCosts", "_zero_stage", "attention_flops", "compute_bytes",
+           "decoder_memory", "ddp_buckets", "gradient_buckets", "local_params", "step_comm",
+           "step_flops"]

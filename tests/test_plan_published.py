@@ -1,0 +1,141 @@
+"""The planner against published runs and the levers they need: sustained matmul rates,
+framework defaults, flash attention, selective recomputation, sequence parallelism, ZeRO
+beside tp/pp, one model-state count, and the friendlier answers."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+
+import pytest
+
+import labkit.plan as plan
+from labkit.costs import model_state_bytes
+from labkit.layout import Layout
+from labkit.models import GPTConfig
+from labkit.plan.frameworks import FRAMEWORKS
+from labkit.plan.hardware import GPUS
+from labkit.plan.step import gradient_buckets
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+
+MEGATRON_22B = GPTConfig(vocab_size=51200, seq_len=2048, d_model=6144, n_heads=64, n_layers=48)
+A100_NODE = plan.Cluster("A100-80GB")
+
+
+def _project(**levers):
+    return plan.project(MEGATRON_22B, Layout(tp=8), A100_NODE, global_batch=4,
+                        micro_batches=4, **levers)
+
+
+def test_every_row_names_a_sustained_matmul_rate_below_peak():
+    for row in GPUS.values():
+        assert 0 < row.matmul_efficiency < 1, row.name
+    assert plan.Cluster("H100").efficiency == GPUS["H100"].matmul_efficiency
+
+
+def test_one_model_state_count_names_each_recipe():
+    n, d = 1e9, 8
+    megatron = model_state_bytes(n, d, 1, "megatron")
+    # Megatron's distributed optimizer docs: 18 bytes a parameter, 6 + 12/d distributed
+    assert model_state_bytes(n, 1, 0, "megatron")["total"] == pytest.approx(18 * n)
+    assert megatron["total"] == pytest.approx((6 + 12 / d) * n)
+    assert model_state_bytes(n, d, 1, "mixed")["total"] == pytest.approx((4 + 12 / d) * n)
+    assert model_state_bytes(n, d, 1, "fp32-master")["total"] == pytest.approx((8 + 8 / d) * n)
+
+
+def test_gradient_buckets_follow_each_framework():
+    grads = 7e9 * 4  # fp32 gradients of 7B parameters
+    assert gradient_buckets(grads, 7e9, 48, "labkit") > 1000  # 25 MiB buckets
+    assert gradient_buckets(grads, 7e9, 48, "megatron-core") == math.ceil(7e9 / 48e6)
+    assert gradient_buckets(grads, 7e9, 48, "megatron-2021") == 1
+
+
+def test_flash_attention_moves_fewer_bytes_and_keeps_no_scores():
+    math_path, flash = _project(flash_attention=False), _project(flash_attention=True)
+    assert flash.costs.memory_bound_bytes < math_path.costs.memory_bound_bytes
+    assert flash.costs.memory["activations"] < math_path.costs.memory["activations"]
+    assert flash.costs.flops < math_path.costs.flops  # causal: half the scores computed
+
+
+def test_selective_recompute_and_sequence_parallel_save_memory_and_time():
+    kw = dict(flash_attention=False, framework="megatron-2021")
+    full = _project(activation_checkpointing=True, **kw)
+    none = _project(**kw)
+    selective = _project(selective_recompute=True, **kw)
+    both = _project(selective_recompute=True, sequence_parallel=True, **kw)
+    assert both.costs.memory["activations"] < selective.costs.memory["activations"] \
+        < none.costs.memory["activations"]
+    assert full.costs.flops > selective.costs.flops > none.costs.flops
+    assert selective.step_s < full.step_s
+
+
+def test_zero_beside_tp_and_pp_shards_the_optimizer_state():
+    layout = Layout(dp=4, tp=2, pp=2, schedule="1f1b")
+    cluster = plan.Cluster("A100-80GB", gpus_per_node=8, nodes=2)
+    kw = dict(global_batch=64, micro_batches=4, framework="megatron-core")
+    plain = plan.project(MEGATRON_22B, layout, cluster, **kw)
+    zero1 = plan.project(MEGATRON_22B, layout, cluster, zero_stage=1, **kw)
+    assert zero1.costs.memory["optimizer"] == pytest.approx(plain.costs.memory["optimizer"] / 4)
+    assert zero1.costs.memory["gradients"] == plain.costs.memory["gradients"]
+
+
+def test_vocab_parallel_frameworks_split_the_embedding_over_tp():
+    labkit = _project()
+    megatron = _project(framework="megatron-core")
+    assert megatron.costs.memory["parameters"] < labkit.costs.memory["parameters"]
+    assert set(FRAMEWORKS) >= {"labkit", "torchtitan", "megatron-2021", "megatron-core"}
+
+
+def test_overlapped_tp_is_not_exposed():
+    exposed = _project(framework="megatron-2021", flash_attention=False)
+    hidden = _project(framework="megatron-core", flash_attention=False)
+    assert exposed.exposed_s["tp"] > 0 and hidden.exposed_s["tp"] < exposed.exposed_s["tp"]
+
+
+def test_cluster_network_and_an_ambiguous_gpu_name():
+    with pytest.raises(ValueError, match="A100-40GB, A100-80GB"):
+        plan.Cluster("A100")
+    slow = plan.Cluster("A100-80GB", nodes=2, network_gbps=50)
+    assert slow.link(True)[1] == pytest.approx(50e9 / 8)
+
+
+def test_a_batch_that_looks_like_tokens_warns():
+    with pytest.warns(UserWarning, match="counts samples"):
+        _project_tokens = plan.project(MEGATRON_22B, Layout(tp=8), A100_NODE,
+                                       global_batch=4 * 2**20 // 2048 * 2048)
+        assert _project_tokens.step_s > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _project()
+
+
+def test_projection_reports_hardware_flops_beside_mfu():
+    p = _project(activation_checkpointing=True)
+    assert p.hardware_flops_per_gpu * 8 > p.mfu * 8 * GPUS["A100-80GB"].bf16_flops
+    assert "hardware_tflops_per_gpu" in p.summary()
+    assert "hardware TFLOP/s" in p._repr_html_()
+
+
+def test_search_tries_every_divisor_and_says_what_left_nothing():
+    from labkit.plan.search import candidates
+
+    cluster = plan.Cluster("A100-80GB", nodes=48)  # BLOOM's 384 GPUs: pp 12 is a divisor
+    pps = {layout.pp for layout, _ in candidates(MEGATRON_22B, cluster, 384 * 8,
+                                                 precisions=("mixed",), checkpointing=(True,))}
+    assert {3, 6, 12, 24} <= pps
+    small = plan.Cluster("L4", nodes=1)
+    result = plan.search(MEGATRON_22B, small, global_batch=8, checkpointing=(False,))
+    with pytest.raises(plan.PlanError, match="memory left nothing"):
+        _ = result.best
+
+
+def test_published_layouts_fit():
+    from published import project
+    from published_runs import RUNS
+
+    for name in ("bloom_176B", "megatron21_18.4B", "korthikanti22_530B_sp_sel"):
+        run = next(r for r in RUNS if r.name == name)
+        assert project(run).fits, name
