@@ -126,11 +126,14 @@ def _bloom() -> Run:
         Layout(dp=8, tp=4, pp=12, schedule="1f1b"), "A100-80GB", 2048, 2048 // 8 // 2,
         MEGATRON_TFLOPS, 150.0,
         dict(activation_checkpointing=True, flash_attention=False, zero_stage=1,
-             framework="megatron-2021"),
+             framework="megatron-deepspeed"),
         ("micro-batch size 2 (the tr11 training script)", "bf16 mixed precision, ZeRO-1 over "
          "dp (DeepSpeed): optimizer state sharded 8 ways",
          "ALiBi and the embedding LayerNorm left out (no parameters to speak of)",
-         "full activation recomputation; no flash attention (2022)",
+         "full activation recomputation; no flash attention (2022); Megatron's default "
+         "attention dropout (the script is taken not to override it)",
+         "DeepSpeed's pipeline engine: whole activations between stages, gradients reduced "
+         "after the last micro-batch",
          "Jean Zay's network: 4 x 100 Gb/s Omni-Path per node of 8 GPUs",
          "the published figure is 'about 150': Megatron-DeepSpeed's formula with recompute"),
         cluster=dict(network_gbps=4 * 100 / 8))

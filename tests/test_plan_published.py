@@ -139,3 +139,15 @@ def test_published_layouts_fit():
     for name in ("bloom_176B", "megatron21_18.4B", "korthikanti22_530B_sp_sel"):
         run = next(r for r in RUNS if r.name == name)
         assert project(run).fits, name
+
+
+def test_a_pipeline_runs_at_its_busiest_stage():
+    from labkit.plan.levers import Lever
+    from labkit.plan.step import step_flops
+
+    model = GPTConfig(vocab_size=50000, seq_len=256, d_model=512, n_heads=8, n_layers=7)
+    lever = Lever(16, 4)
+    even, _ = step_flops(model, Layout(), lever)
+    staged, _ = step_flops(model, Layout(pp=4, schedule="1f1b"), lever)
+    # 2 of 7 blocks and the whole head on the last stage: more than a quarter of the work
+    assert staged > even / 4

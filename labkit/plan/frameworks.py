@@ -73,6 +73,11 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "from one contiguous buffer; TP collectives on the critical path; "
               "scatter/gather pipeline sends (section 4.1); attention and hidden dropout 0.1 "
               "(the GPT defaults of megatron/arguments.py)", attention_dropout=True),
+    Framework("megatron-deepspeed", False, _one_buffer, False, False, True, "megatron",
+              "Megatron-DeepSpeed (BLOOM): Megatron's tensor parallelism and attention "
+              "dropout, DeepSpeed's pipeline engine (whole activations sent, gradients "
+              "reduced after the last micro-batch) and ZeRO-1 over bf16 weights with fp32 "
+              "gradient accumulation", attention_dropout=True),
     Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs: "

@@ -3,15 +3,20 @@
     step = compute + exposed communication + pipeline bubble
 
 * compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
-  the cluster's named assumption (``Cluster.efficiency``; measured matmuls on this machine).
+  the GPU's sustained matmul rate over its peak, from a microbenchmark (``hardware.py``:
+  ``GPU.matmul_efficiency``; measured matmuls on this machine), never an end-to-end MFU:
+  everything else below is charged on top of it. A pipeline's compute is its busiest
+  stage's (``step.step_flops``).
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses:
   a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
   node) uses the node's GPU links, any other the network.
-* overlap: DDP's AllReduce runs during backward (buckets), so only what outlasts backward is
-  exposed, and never less than its last bucket; FSDP's all-gathers and reduce-scatters
-  likewise during forward and backward; tensor parallelism and pipeline sends are on the
-  critical path (exposed whole).
+* overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
+  backward (buckets), so only what outlasts backward is exposed, and never less than its last
+  bucket (Megatron 2021 and DeepSpeed's pipeline reduce after backward: exposed whole);
+  FSDP's all-gathers and reduce-scatters likewise during forward and backward; tensor
+  parallelism is exposed unless the framework overlaps it (Megatron-Core); pipeline sends
+  are exposed.
 * bubble: a pipeline of p stages and m micro-batches idles (p-1)/v micro-batch times per step
   (v = stages per rank: 2 for interleaved 1F1B; GPipe and 1F1B both lose (p-1)).
 """
@@ -48,17 +53,18 @@ from labkit.plan.step import (
 from labkit.plan.traffic import memory_bound_bytes
 
 ASSUMPTIONS = (
-    "compute runs at the cluster's efficiency x peak FLOP/s (a named assumption on GPUs; "
-    "measured matmul throughput on this machine)",
+    "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
+    "measured matmul throughput on this machine); bandwidth-bound work, exposed "
+    "communication and the bubble are added on top",
     "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
     "its ops) runs at the "
     "memory bandwidth",
     "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
     "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
     "uses the GPU links, a group across nodes the network",
-    "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
-    "pipeline sends are exposed; on this machine nothing hides (a CPU rank's collectives share "
-    "its one core)",
+    "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
+    "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
+    "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
@@ -69,8 +75,12 @@ ASSUMPTIONS = (
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
     "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
     "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",
-    "'mixed' is labkit's recipe: fp32 weights, gradients (reduced in fp32) and Adam moments, "
-    "bf16 compute; 'bf16' keeps weights and optimizer state in bf16 too (a convergence risk)",
+    "'mixed' is the framework's recipe (labkit, torchtitan: fp32 weights, gradients reduced in "
+    "fp32 and Adam moments, bf16 compute; Megatron: bf16 weights, fp32 main gradients, fp32 "
+    "master and moments); 'bf16' keeps weights and optimizer state in bf16 too (a "
+    "convergence risk)",
+    "attention: a fused causal kernel on GPUs (FlashAttention: no seq x seq scores kept or "
+    "written, half of them computed); the math path on this machine",
 )
 
 BF16_CAVEAT = ("pure bf16: weights and optimizer state in bf16 lose updates smaller than "

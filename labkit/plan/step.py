@@ -71,7 +71,10 @@ def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float
     skips the blocks above the diagonal (half the scores; Dao 2023, FlashAttention-2, section
     3.1.1) and its backward runs 5 of the matmuls where the forward runs 2 (it recomputes the
     scores: Algorithm 2), so it does 3.5 x 0.5 of the forward's attention FLOPs where the math
-    path's forward and backward do 3, and selective recomputation adds nothing to it."""
+    path's forward and backward do 3, and selective recomputation adds nothing to it.
+
+    A pipeline runs at its slowest stage's pace: a decoder's busiest stage holds
+    ceil(layers / pp) blocks and the head (the embedding's lookup costs no FLOPs)."""
     counts = sample_counts(model_config)
     model = counts.flops * lever.global_batch
     attn = attention_flops(model_config)
@@ -85,7 +88,15 @@ def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float
     if lever.flash_attention and attn:
         again = attn if lever.activation_checkpointing else 0.0
         per_sample += (3.5 * attn + again) * 0.5 - (3 * attn + again)
-    return per_sample * lever.global_batch / layout.size, model
+    share = 1 / layout.pp
+    if layout.pp > 1 and is_decoder(model_config):
+        # the blocks' forward and backward: 3 x their forward (backward is twice forward)
+        blocks = 3 * counts.block_forward_flops
+        head = max(counts.flops - blocks, 0.0)
+        per_block = (per_sample - head) / model_config.n_layers
+        busiest = math.ceil(model_config.n_layers / layout.pp) * per_block + head
+        share = busiest / per_sample
+    return per_sample * lever.global_batch * share / (layout.size / layout.pp), model
 
 
 def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
