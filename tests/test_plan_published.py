@@ -5,8 +5,6 @@ beside tp/pp, one model-state count, and the friendlier answers."""
 from __future__ import annotations
 
 import math
-import os
-import sys
 import warnings
 
 import pytest
@@ -18,8 +16,6 @@ from labkit.models import GPTConfig
 from labkit.plan.frameworks import FRAMEWORKS
 from labkit.plan.hardware import GPUS
 from labkit.plan.step import gradient_buckets
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
 
 MEGATRON_22B = GPTConfig(vocab_size=51200, seq_len=2048, d_model=6144, n_heads=64, n_layers=48)
 A100_NODE = plan.Cluster("A100-80GB")
@@ -133,12 +129,11 @@ def test_search_tries_every_divisor_and_says_what_left_nothing():
 
 
 def test_published_layouts_fit():
-    from published import project
-    from published_runs import RUNS
+    from labkit.plan.published import compare
 
-    for name in ("bloom_176B", "megatron21_18.4B", "korthikanti22_530B_sp_sel"):
-        run = next(r for r in RUNS if r.name == name)
-        assert project(run).fits, name
+    rows = compare(["bloom_176B", "megatron21_18.4B", "korthikanti22_530B_sp_sel"])
+    assert all(r["fits"] for r in rows)
+    assert all(r["source"] and r["published"] > 0 for r in rows)
 
 
 def test_a_pipeline_runs_at_its_busiest_stage():

@@ -1,5 +1,6 @@
 """Published large-scale trainings, rebuilt with labkit's GPT decoder at the published shape,
-layout, batch and precision: the table ``bench/published.py`` projects.
+layout, batch and precision, and projected beside the figure their authors published
+(``python bench/published.py`` prints them all; notebook 09 shows three).
 
 Each run names its source, the published figure in the source's own unit, how a projected
 step becomes that unit, and every assumption the rebuild makes where the source is silent or
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labkit.layout import Layout
+from labkit.layout.layout import Layout
 from labkit.models import GPTConfig
 
 NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
@@ -181,3 +182,57 @@ def _llama3() -> list[Run]:
 
 RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom()] + _torchtitan()
                               + _llama3())
+
+
+def run(name: str) -> Run:
+    """The published run ``name`` (``RUNS``); an unknown name lists the known ones."""
+    for r in RUNS:
+        if r.name == name:
+            return r
+    raise ValueError(f"no published run {name!r}: the table has {', '.join(r.name for r in RUNS)}")
+
+
+def project_run(published: Run):
+    """``labkit.plan.project`` of the run at its published layout, batch and levers."""
+    from labkit.plan.hardware import Cluster
+    from labkit.plan.project import project
+
+    cluster = Cluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)
+    return project(published.model, published.layout, cluster,
+                   global_batch=published.global_batch, micro_batches=published.micro_batches,
+                   precision="mixed", **published.levers)
+
+
+def in_unit(published: Run, projection) -> float:
+    """The projected step in the published figure's unit."""
+    step, gpus = projection.step_s, published.layout.size
+    if published.unit == SECONDS:
+        return step
+    if published.unit == TOKENS:
+        return published.global_batch * published.model.seq_len / step / gpus
+    if published.unit == MEGATRON_TFLOPS:
+        return megatron_flops(published.model, published.global_batch) / step / gpus / 1e12
+    if published.unit == COUNTED_TFLOPS:
+        return projection.costs.model_flops / step / gpus / 1e12
+    raise ValueError(f"unknown unit {published.unit!r}")
+
+
+def error(published: Run, projected: float) -> float:
+    """Projected over published, less 1, as a throughput: a time (s per iteration) is
+    inverted, so that -10% always means 'projected 10% slower than published'."""
+    if published.unit == SECONDS:
+        return published.published / projected - 1
+    return projected / published.published - 1
+
+
+def compare(names=None) -> list[dict]:
+    """One row per published run (all, or those ``names``): published and projected in the
+    source's unit, the error, whether the layout fits, the source."""
+    rows = []
+    for r in [run(n) for n in names] if names is not None else RUNS:
+        p = project_run(r)
+        projected = in_unit(r, p)
+        rows.append({"run": r.name, "unit": r.unit, "published": r.published,
+                     "projected": projected, "error": error(r, projected), "fits": p.fits,
+                     "peak_gb": p.peak_bytes / 1e9, "split": p.split(), "source": r.source})
+    return rows
