@@ -249,9 +249,13 @@ def check_09(results: dict) -> None:
     days = results["recommender_days"]  # more GPUs, placed by the planner: fewer days
     assert days["8 x A100 (1 node)"] < days["1 x RTX 4090"]
     for name, row in results["decoders"].items():
-        assert row["fits"] and 0 < row["mfu"] < 0.5, name
+        # MFU counts full attention (as Megatron's formula does) while a fused causal kernel
+        # computes half of it: it may pass the GPU's sustained matmul rate, never 1
+        assert row["fits"] and 0 < row["mfu"] < 1, name
         assert row["links"].get("tp", "in-node") == "in-node", name  # tp never crosses nodes
     assert results["check"]["status"] == "passed"
+    published = results["published"]  # "projected beside published": each within 25%
+    assert len(published) == 3 and all(r["fits"] and abs(r["error"]) < 0.25 for r in published)
 
 
 NOTEBOOKS = {
