@@ -24,6 +24,8 @@ BLOOM = ("BigScience 2022, BLOOM 176B model card and 'The BigScience 176B Model'
 TITAN = ("torchtitan docs/performance.md (2024-12, Grand Teton: H100 96GB HBM2e at 500 W), "
          "Tables 1 and 3 (FSDP, no torch.compile, no Float8)")
 LLAMA3 = "Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 4"
+FOUNDRY = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
+           "(MPT models, Composer FSDP FULL_SHARD, amp_bf16)")
 
 MEGATRON_TFLOPS = "TFLOP/s per GPU (Megatron's formula, recomputation counted)"
 SECONDS = "s per iteration"
@@ -160,6 +162,29 @@ def _torchtitan() -> list[Run]:
     return runs
 
 
+def _foundry() -> list[Run]:
+    # (name, d_model, heads, layers, GPUs, micro-batch, accumulation, checkpointing, T/s/GPU)
+    rows = (("1b", 2048, 16, 24, 8, 14, 1, False, 45455),
+            ("3b", 2560, 20, 32, 16, 10, 3, False, 24142),
+            ("7b", 4096, 32, 32, 8, 6, 1, False, 10643),
+            ("13b", 5120, 40, 40, 8, 2, 1, False, 4792),
+            ("30b", 7168, 56, 48, 8, 3, 21, True, 2002),
+            ("70b", 8192, 64, 80, 64, 8, 4, True, 1039))
+    runs = []
+    for name, d, heads, layers, gpus, mbs, accumulation, ckpt, tps in rows:
+        runs.append(Run(
+            f"mpt_{name}_{gpus}gpu", FOUNDRY, gpt(d, heads, layers, vocab=50368),
+            Layout(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
+            accumulation, TOKENS, tps,
+            dict(activation_checkpointing=ckpt, flash_attention=True, framework="labkit"),
+            ("MPT blocks as GPT blocks (4 d expansion, LayerNorm; MPT has no biases, ALiBi "
+             "and a tied head: the table's parameter counts are within 3%)",
+             "sequence 2,048; the table's micro-batch and accumulation",
+             "Composer's FSDP with DEFAULT mixed precision taken as torch FSDP over fp32 "
+             "parameters with fp32 reduction (labkit's engines)", "flash attention")))
+    return runs
+
+
 def _llama3() -> list[Run]:
     # Llama 3 405B proxy: 126 GPT blocks at width 16384 (12 d^2 = 3.22B; Llama's block
     # 3.19B: SwiGLU 3 x 16384 x 53248, GQA 8 kv heads)
@@ -181,7 +206,7 @@ def _llama3() -> list[Run]:
 
 
 RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom()] + _torchtitan()
-                              + _llama3())
+                              + _foundry() + _llama3())
 
 
 def run(name: str) -> Run:
