@@ -146,3 +146,15 @@ def test_a_pipeline_runs_at_its_busiest_stage():
     staged, _ = step_flops(model, Layout(pp=4, schedule="1f1b"), lever)
     # 2 of 7 blocks and the whole head on the last stage: more than a quarter of the work
     assert staged > even / 4
+
+
+def test_interleaving_v_chunks_shrinks_the_bubble():
+    layout = Layout(dp=1, tp=8, pp=8, schedule="1f1b")
+    cluster = plan.Cluster("A100-80GB", nodes=8)
+    model = GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96)
+    kw = dict(global_batch=16, micro_batches=16, activation_checkpointing=True)
+    plain = plan.project(model, layout, cluster, **kw)
+    four = plan.project(model, layout, cluster, virtual_stages=4, **kw)
+    assert four.bubble_s == pytest.approx(plain.bubble_s / 4, rel=0.05)
+    with pytest.raises(plan.PlanError, match="virtual_stages"):
+        plan.project(model, layout, cluster, virtual_stages=13, **kw)

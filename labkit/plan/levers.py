@@ -27,6 +27,9 @@ class Lever:
     # a fused attention kernel (FlashAttention): no seq x seq scores written or kept
     flash_attention: bool = True
     framework: str = "labkit"  # labkit.plan.frameworks.FRAMEWORKS
+    # model chunks per pipeline rank (interleaved 1F1B, Narayanan et al. 2021 section 2.2.2):
+    # 0 takes the layout's (2 for "interleaved_1f1b", else 1)
+    virtual_stages: int = 0
 
 
 @dataclass

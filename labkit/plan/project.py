@@ -247,21 +247,24 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
             activation_checkpointing: bool = False, optimizer: str = "adam", *,
             selective_recompute: bool = False, sequence_parallel: bool = False,
             zero_stage: int = 0, flash_attention: bool | None = None,
-            framework: str = "labkit") -> Projection:
+            framework: str = "labkit", virtual_stages: int = 0) -> Projection:
     """Project one training step of ``model_config`` with ``layout`` on ``cluster``.
 
     ``selective_recompute``, ``sequence_parallel``: Korthikanti et al. 2022's levers (tp);
     ``zero_stage``: 1 or 2 shards the optimizer state (and gradients) over the dp replicas
     beside tp and pp (Megatron's distributed optimizer, DeepSpeed's ZeRO); ``flash_attention``
     None: a fused kernel on GPUs, the math path on this machine; ``framework``: whose
-    defaults the run has (``labkit.plan.frameworks.FRAMEWORKS``)."""
+    defaults the run has (``labkit.plan.frameworks.FRAMEWORKS``); ``virtual_stages``: model
+    chunks per pipeline rank for interleaved 1F1B, any v >= 2 (the bubble is (p-1)/v
+    micro-batch times and each micro-batch crosses v times as many stage boundaries)."""
     from labkit.plan.rules import check_layout, warn_tokens_as_batch
 
     warn_tokens_as_batch(model_config, global_batch)
     measured = cluster.gpu.measured
     flash = (not measured) if flash_attention is None else bool(flash_attention)
     lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer,
-                  selective_recompute, sequence_parallel, zero_stage, flash, framework)
+                  selective_recompute, sequence_parallel, zero_stage, flash, framework,
+                  virtual_stages)
     check_layout(model_config, layout, cluster, lever)
     costs = step_costs(model_config, layout, lever, measured, flash)
     return _time(model_config, layout, cluster, lever, costs)
@@ -305,9 +308,15 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:
         per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches
-        bubble = (layout.pp - 1) / layout.stages_per_rank * per_micro
+        bubble = (layout.pp - 1) / chunks_per_rank(layout, lever) * per_micro
     return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
                       bubble, links)
+
+
+def chunks_per_rank(layout: Layout, lever: Lever) -> int:
+    """Model chunks each pipeline rank holds: the lever's ``virtual_stages``, else the
+    layout's (2 under interleaved 1F1B)."""
+    return lever.virtual_stages or layout.stages_per_rank
 
 
 def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Cluster) -> float:

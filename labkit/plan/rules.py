@@ -116,6 +116,11 @@ def _check_pipeline(model_config, layout: Layout, lever) -> None:
         raise PlanError(f"{layout.pp} stages need {layout.pp} layers at least; the model has "
                         f"{layers}")
     schedule = layout.pipeline_schedule
+    chunks = getattr(lever, "virtual_stages", 0)
+    if chunks and (chunks < 1 or layers < layout.pp * chunks):
+        raise PlanError(f"virtual_stages={chunks} puts {layout.pp * chunks} model chunks on "
+                        f"{layout.pp} stages: the model has {layers} layers; choose "
+                        f"virtual_stages <= {max(layers // layout.pp, 1)}")
     if schedule in ("1f1b", "interleaved_1f1b") and lever.micro_batches < layout.pp:
         raise PlanError(f"1F1B keeps {layout.pp} stages busy only with {layout.pp} "
                         f"micro-batches or more (got {lever.micro_batches}): the batch per "

@@ -128,6 +128,8 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
         # a middle stage sends activations forward and gradients backward; an end stage one
         sends = m if layout.pp == 2 else 2 * m
+        if lever.virtual_stages > 1:  # each chunk boundary is a send, there and back
+            sends = 2 * m * lever.virtual_stages
         # Megatron's scatter/gather (or sequence parallelism): each tp rank sends 1/tp
         split = layout.tp if (framework(lever.framework).pp_scatter
                               or lever.sequence_parallel) else 1
