@@ -80,8 +80,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "gradient accumulation", attention_dropout=True),
     Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
-              "parameters, --tp-comm-overlap, distributed optimizer (docs: "
-              "distrib_optimizer.md, 18 bytes per parameter, 6 + 12/d distributed)"),
+              "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
+              "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed)"),
 )}
 
 

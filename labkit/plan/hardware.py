@@ -7,7 +7,9 @@ the datasheet named in its row, read on the date given there. Bandwidths are byt
 is 50 GB/s each way. Where a datasheet gives a figure only "with sparsity", the dense figure
 is half of it (the datasheets' own footnote). Where a figure is not in a vendor datasheet
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
-so in ``note``: it is a typical build, not a fact about the chip.
+so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
+keeps the fraction of its bf16 peak that matmuls sustain, from a published microbenchmark
+(``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges.
 
 ``labkit.plan.Cluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them; this
 machine's own figures are measured (``labkit.plan.calibrate``) and form a ``Cluster`` of their
