@@ -158,3 +158,47 @@ def test_interleaving_v_chunks_shrinks_the_bubble():
     assert four.bubble_s == pytest.approx(plain.bubble_s / 4, rel=0.05)
     with pytest.raises(plan.PlanError, match="virtual_stages"):
         plan.project(model, layout, cluster, virtual_stages=13, **kw)
+
+
+
+def test_flash_attention_runs_at_its_kernels_rate_not_the_matmuls():
+    # FlashAttention-2 sustains 35% of an H100's peak (FA3 paper), under the matmuls' 71%;
+    # a framework whose fused kernel has no published rate is timed at the matmul rate
+    from labkit.plan.project import _matmul_s
+
+    model = GPTConfig(vocab_size=32000, seq_len=8192, d_model=2048, n_heads=16, n_layers=8)
+    h100 = plan.Cluster("H100")
+    p = plan.project(model, Layout(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
+                     framework="torchtitan")
+    attention, peak = p.costs.attention_flops, h100.gpu.bf16_flops
+    assert 0 < attention < p.costs.flops
+    assert _matmul_s(h100, p.lever, p.costs) == pytest.approx(
+        (p.costs.flops - attention) / (peak * h100.efficiency) + attention / (peak * 0.35))
+    fused = plan.project(model, Layout(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
+                         framework="megatron-core")
+    assert _matmul_s(h100, fused.lever, fused.costs) == pytest.approx(
+        fused.costs.flops / (peak * h100.efficiency))
+
+
+def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_only():
+    from labkit.plan.hardware import OVERLAP_SLOWDOWN
+    from labkit.plan.project import _matmul_s
+
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    for layout, nodes in ((Layout(fsdp=8, dp_kind="fsdp"), 1),
+                          (Layout(fsdp=16, dp_kind="fsdp"), 2)):
+        cluster = plan.Cluster("H100", nodes=nodes)
+        p = plan.project(model, layout, cluster, global_batch=8 * layout.size,
+                         framework="torchtitan")
+        alone = (_matmul_s(cluster, p.lever, p.costs)
+                 + p.costs.memory_bound_bytes / cluster.gpu.memory_bandwidth)
+        hidden = p.comm_s["fsdp"] - p.exposed_s["fsdp"]
+        assert hidden > 0
+        charged = OVERLAP_SLOWDOWN * hidden if p.links["fsdp"] == "in-node" else 0.0
+        assert p.compute_s == pytest.approx(alone + charged), p.links  # measured in a node
+
+
+def test_a_power_capped_h100_sustains_the_nvl_bound():
+    capped, full = GPUS["H100-96GB"], GPUS["H100"]
+    assert capped.matmul_efficiency == pytest.approx(full.matmul_efficiency * 835.5 / 989.4)
+    assert capped.flash_attention_efficiency < full.flash_attention_efficiency

@@ -16,6 +16,10 @@ planner needs to know about one beside the layout (``project(..., framework=...)
 * ``attention_dropout``: whether attention's probabilities pass through dropout (Megatron's
   GPT default ``--attention-dropout 0.1``): on the math path a mask of (heads, seq, seq) is
   written forward and read backward, and the probabilities read and written once more.
+* ``attention_kernel``: the fused attention kernel the framework calls on GPUs: "fa2"
+  (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
+  ``hardware.GPU.flash_attention_efficiency``) or "fused" (Transformer Engine's cuDNN
+  kernels: no published rate, timed at the matmul rate).
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -58,6 +62,7 @@ class Framework:
     state_recipe: str
     source: str
     attention_dropout: bool = False
+    attention_kernel: str = "fa2"
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -66,8 +71,17 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "DTensor TP (synchronous), torch.distributed.pipelining (whole activations)"),
     Framework("torchtitan", True, _torch_ddp_bucket, False, False, True, "fp32-master",
               "torchtitan: FSDP2 with fp32 sharded parameters and fp32 reduce "
-              "(mixed_precision_reduce), TP plan sharding embeddings and output, async TP off "
-              "by default"),
+              "(mixed_precision_reduce), every block resharded after forward but the last "
+              "(parallelize_llama.apply_fsdp: gathered again in backward), TP plan sharding "
+              "embeddings and output, async TP off by default, attention through SDPA's "
+              "flash backend (FlashAttention-2)"),
+    Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
+              "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
+              "(parameters gathered in forward and again in backward), mixed_precision "
+              "DEFAULT (bf16 parameters in compute, fp32 gradient reduction, fp32 sharded "
+              "state: composer's get_mixed_precision), attn_impl 'triton' (FlashAttention in "
+              "Triton; timed at FlashAttention-2's rate, an upper bound: Dao 2023 measures "
+              "FA2 1.3-2.5x faster than it on A100)"),
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "
@@ -81,7 +95,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
-              "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed)"),
+              "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed), "
+              "Transformer Engine's fused attention", attention_kernel="fused"),
 )}
 
 

@@ -59,6 +59,23 @@ MAMF_SOURCE = "ml-engineering MAMF/MSMF tables (Bekman), compute/accelerator/REA
 A100_SUSTAINED = 267.9 * 1305 / 1410 / 312
 H100_SUSTAINED = 702.9 / 989
 MATMUL_UNMEASURED = 0.5
+# A fused attention kernel is not a matmul: FlashAttention-2 (PyTorch SDPA's flash backend,
+# flash-attn 2) reaches "only 35% utilization" of the H100's bf16 peak (Shah et al. 2024,
+# 'FlashAttention-3', abstract and section 4.1; FA3 reaches 75%). Rows without a published
+# figure time attention at their matmul rate (``GPU.flash_attention_efficiency`` None).
+FA2_H100 = 0.35
+# torchtitan's Grand Teton H100s run at a 500 W limit, and torchtitan's performance page
+# says their peak lies "between SXM and NVL": the H100 NVL's dense bf16 peak, 835.5 TFLOP/s
+# (1,671 with sparsity, NVIDIA's H100 datasheet), over the SXM's 989.4 bounds it from below.
+# No bf16 matmul measurement at 500 W is published: the row takes that lower bound.
+H100_500W = 835.5 / 989.4
+# Compute that runs beside a collective runs slower: NCCL's kernels take SMs and memory
+# bandwidth. Measured on A100, H100, MI250 and MI210 over GPT and Llama training kernels:
+# "an average computational slowdown of 18.9%, with a maximum of 40.0%" (Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning, arXiv
+# 2507.03114, abstract). ``project`` charges it on the compute a hidden collective overlaps.
+OVERLAP_SLOWDOWN = 0.189
+OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized): 18.9% mean"
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,8 @@ class GPU:
     peer_links: int = 0
     # achievable fraction of the bf16 peak on large matmuls (MAMF_SOURCE above)
     matmul_efficiency: float = MATMUL_UNMEASURED
+    # FlashAttention-2's fraction of the bf16 peak (FA2_H100); None: the matmul rate
+    flash_attention_efficiency: float | None = None
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -164,20 +183,24 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
         "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU). Matmuls: "
-        "the H100/H200 SXM sustained rate (MSMF).", matmul_efficiency=H100_SUSTAINED),
+        "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100).",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
     GPU("H100-96GB", 96 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 2400 * GB, 8, 450 * GB, 50 * GB,
         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
         "The H100 SXM with 96 GB of HBM2e at 2.4 TB/s (Meta's Grand Teton, as torchtitan's "
-        "performance page describes it), 400 Gb/s per GPU. 96 GB read as 96 GiB. UNSURE: at "
-        "its 500 W limit the peak lies between the SXM's and the NVL's (torchtitan's note); "
-        "the SXM's 989.4 and its sustained matmul rate are used, an upper bound.",
-        matmul_efficiency=H100_SUSTAINED),
+        "performance page describes it), 400 Gb/s per GPU. 96 GB read as 96 GiB. At its "
+        "500 W limit the peak lies between the SXM's and the NVL's (torchtitan's note): the "
+        "peak printed is the SXM's (MFU's denominator, as torchtitan's), the rates charged are "
+        "the SXM's sustained matmul and FlashAttention-2 rates scaled by NVL/SXM peak "
+        "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published.",
+        matmul_efficiency=H100_SUSTAINED * H100_500W,
+        flash_attention_efficiency=FA2_H100 * H100_500W),
     GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
         f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
         "SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
-        "H100. Matmuls: the H200's sustained rate (MSMF).",
-        matmul_efficiency=H100_SUSTAINED),
+        "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100.",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
     GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
         f"Memory: {SMI_PUBLIC} 183359 MiB on B200 (179.1 GiB). HGX B200 (1000 W): FP16/BF16 "

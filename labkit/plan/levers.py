@@ -44,6 +44,8 @@ class StepCosts:
             ``counts.optimizer_counts``).
         memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
         samples, tokens: per step, all ranks.
+        attention_flops: the part of ``flops`` a fused attention kernel does (timed at the
+            kernel's rate, not the matmuls').
     """
 
     flops: float
@@ -54,6 +56,7 @@ class StepCosts:
     samples: int = 0
     tokens: int = 0
     memory_method: str = "counted per block, scaled"
+    attention_flops: float = 0.0
 
     @property
     def peak_bytes(self) -> float:

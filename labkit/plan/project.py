@@ -5,8 +5,11 @@
 * compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
   the GPU's sustained matmul rate over its peak, from a microbenchmark (``hardware.py``:
   ``GPU.matmul_efficiency``; measured matmuls on this machine), never an end-to-end MFU:
-  everything else below is charged on top of it. A pipeline's compute is its busiest
-  stage's (``step.step_flops``).
+  everything else below is charged on top of it. A fused attention kernel runs at its own
+  published rate (FlashAttention-2: 35% of an H100's peak; ``GPU.flash_attention_efficiency``).
+  Compute beside a hidden collective in a node runs ``OVERLAP_SLOWDOWN`` (18.9%) slower
+  (NCCL's kernels take SMs: ``hardware.py``). A pipeline's compute is its busiest stage's
+  (``step.step_flops``).
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses:
   a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
@@ -39,13 +42,14 @@ from labkit.plan.counts import (
     param_tensors,
 )
 from labkit.plan.frameworks import framework
-from labkit.plan.hardware import Cluster
+from labkit.plan.hardware import OVERLAP_SLOWDOWN, Cluster
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
     Lever,
     StepCosts,
     compute_bytes,
     decoder_memory,
+    fused_attention_flops,
     local_params,
     step_comm,
     step_flops,
@@ -56,6 +60,11 @@ ASSUMPTIONS = (
     "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
     "measured matmul throughput on this machine); bandwidth-bound work, exposed "
     "communication and the bubble are added on top",
+    "a fused attention kernel runs at its published rate where the framework calls "
+    "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
+    "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "
+    "takes SMs: the mean measured in arXiv 2507.03114); none charged beside network "
+    "collectives (not measured there)",
     "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
     "its ops) runs at the "
     "memory bandwidth",
@@ -212,6 +221,7 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
                flash_attention: bool = True) -> StepCosts:
     """The counted costs of one step on the worst rank (cached per layout)."""
     flops, model_flops = step_flops(model_config, layout, lever)
+    attention = fused_attention_flops(model_config, layout, lever) if not measured else 0.0
     params = local_params(model_config, layout, lever.framework)
     tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     if is_decoder(model_config):
@@ -225,7 +235,7 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
     memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"])
     comm = step_comm(model_config, layout, lever, params, measured)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
-                     tokens, method)
+                     tokens, method, attention)
 
 
 def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
@@ -270,9 +280,23 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
     return _time(model_config, layout, cluster, lever, costs)
 
 
+def _matmul_s(cluster: Cluster, lever: Lever, costs: StepCosts) -> float:
+    """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, a fused
+    attention kernel's at its own (FlashAttention-2's, where the framework calls it and the
+    GPU's row has a published figure)."""
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(lever.precision)
+    attention = costs.attention_flops
+    if not (attention and gpu.flash_attention_efficiency
+            and framework(lever.framework).attention_kernel == "fa2"):
+        return costs.flops / (peak * cluster.efficiency)
+    return ((costs.flops - attention) / (peak * cluster.efficiency)
+            + attention / (peak * gpu.flash_attention_efficiency))
+
+
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
-    peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
-    compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
+    compute = (_matmul_s(cluster, lever, costs)
+               + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
                   if cluster.op_overhead_s else 0.0)  # GPUs: 0, and no op count to trace
                + engine_overhead_s(model_config, layout, lever, cluster))
@@ -305,6 +329,11 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
                 hide = 0.0
             late = busy[dim] - critical.get(dim, 0.0)
             exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
+    if not cluster.gpu.measured:
+        # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
+        # where it was measured, collectives among the GPUs of one node
+        hidden = sum(busy[d] - exposed[d] for d in busy if links[d] == "in-node")
+        compute += OVERLAP_SLOWDOWN * min(hidden, compute)
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:
         per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches

@@ -99,6 +99,22 @@ def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float
     return per_sample * lever.global_batch * share / (layout.size / layout.pp), model
 
 
+def fused_attention_flops(model_config, layout: Layout, lever: Lever) -> float:
+    """FLOPs this rank's fused attention kernel (FlashAttention) does in a step: its forward
+    (half the scores under the causal mask) and its backward (3.5 x 0.5 of the forward's
+    attention FLOPs in all, ``step_flops``), again under full checkpointing; the busiest
+    pipeline stage's blocks. 0 on the math path (its matmuls are ordinary bmm's). ``project``
+    times them at the kernel's own rate (``hardware.GPU.flash_attention_efficiency``)."""
+    attn = attention_flops(model_config)
+    if not (lever.flash_attention and attn):
+        return 0.0
+    again = attn if lever.activation_checkpointing else 0.0
+    per_sample = (3.5 * attn + again) * 0.5
+    layers = model_config.n_layers
+    stage = math.ceil(layers / layout.pp) / layers  # the busiest stage's share of the blocks
+    return per_sample * lever.global_batch * stage / (layout.size / layout.pp)
+
+
 def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
               measured: bool = False) -> dict[tuple[str, str], tuple[int, float]]:
     """{(dim, collective): (calls, tensor bytes)} one rank issues in one step."""
@@ -204,5 +220,5 @@ def replace_layers(model_config, n_layers: int):
 
 
 __all__ = ["Lever", "StepCosts", "_zero_stage", "attention_flops", "compute_bytes",
-           "decoder_memory", "ddp_buckets", "gradient_buckets", "local_params", "step_comm",
-           "step_flops"]
+           "decoder_memory", "ddp_buckets", "fused_attention_flops", "gradient_buckets",
+           "local_params", "step_comm", "step_flops"]
