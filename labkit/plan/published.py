@@ -176,12 +176,15 @@ def _foundry() -> list[Run]:
             f"mpt_{name}_{gpus}gpu", FOUNDRY, gpt(d, heads, layers, vocab=50368),
             Layout(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
             accumulation, TOKENS, tps,
-            dict(activation_checkpointing=ckpt, flash_attention=True, framework="labkit"),
+            dict(activation_checkpointing=ckpt, flash_attention=True, framework="composer"),
             ("MPT blocks as GPT blocks (4 d expansion, LayerNorm; MPT has no biases, ALiBi "
              "and a tied head: the table's parameter counts are within 3%)",
              "sequence 2,048; the table's micro-batch and accumulation",
-             "Composer's FSDP with DEFAULT mixed precision taken as torch FSDP over fp32 "
-             "parameters with fp32 reduction (labkit's engines)", "flash attention")))
+             "Composer's FSDP FULL_SHARD with DEFAULT mixed precision: bf16 parameters "
+             "gathered, fp32 reduction, fp32 sharded state (frameworks.py 'composer')",
+             "the table's runs: torch 2.1, CUDA 12.1, attn_impl 'triton' (sweep.sh and "
+             "submit_benchmarks.py of llm-foundry b2a43a1, 2023-10), low-precision LayerNorm; "
+             "activation checkpointing as the table's column")))
     return runs
 
 
