@@ -202,3 +202,20 @@ def test_a_power_capped_h100_sustains_the_nvl_bound():
     capped, full = GPUS["H100-96GB"], GPUS["H100"]
     assert capped.matmul_efficiency == pytest.approx(full.matmul_efficiency * 835.5 / 989.4)
     assert capped.flash_attention_efficiency < full.flash_attention_efficiency
+
+
+def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
+    # Composer's default BACKWARD_POST issues a backward all-gather after the previous unit's
+    # gradients (torch's BackwardPrefetch docstring): its u-1 backward gathers are exposed
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    layout, cluster = Layout(fsdp=8, dp_kind="fsdp"), plan.Cluster("H100")
+    pre, post = (plan.project(model, layout, cluster, global_batch=64, framework=name)
+                 for name in ("labkit", "composer"))
+    units = model.n_layers + 1
+    gathers = pre.costs.comm[("fsdp", "all_gather")]
+    assert gathers[0] == 2 * units - 1
+    assert post.exposed_s["fsdp"] > pre.exposed_s["fsdp"]
+    from labkit.plan.project import _collective_s
+
+    gather_s = _collective_s(cluster, "all_gather", 8, *gathers, False)
+    assert post.exposed_s["fsdp"] >= gather_s * (units - 1) / (2 * units - 1)

@@ -20,6 +20,11 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
   ``hardware.GPU.flash_attention_efficiency``) or "fused" (Transformer Engine's cuDNN
   kernels: no published rate, timed at the matmul rate).
+* ``backward_prefetch``: when FSDP issues a backward all-gather: "pre" (before the current
+  unit's gradients, overlapping them: torch FSDP1's BACKWARD_PRE; FSDP2 prefetches explicitly
+  in backward by default, pytorch PR #128884) or "post" (after them, FSDP1's BACKWARD_POST:
+  "this overlaps the current reduce-scatter and the next gradient computation", torch's
+  ``BackwardPrefetch`` docstring; the all-gather itself is waited for).
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -63,6 +68,7 @@ class Framework:
     source: str
     attention_dropout: bool = False
     attention_kernel: str = "fa2"
+    backward_prefetch: str = "pre"
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -79,9 +85,11 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
               "(parameters gathered in forward and again in backward), mixed_precision "
               "DEFAULT (bf16 parameters in compute, fp32 gradient reduction, fp32 sharded "
-              "state: composer's get_mixed_precision), attn_impl 'triton' (FlashAttention in "
-              "Triton; timed at FlashAttention-2's rate, an upper bound: Dao 2023 measures "
-              "FA2 1.3-2.5x faster than it on A100)"),
+              "state: composer's get_mixed_precision), backward_prefetch BACKWARD_POST "
+              "(composer's default: dist_strategy.prepare_fsdp_module), attn_impl 'triton' "
+              "(FlashAttention in Triton; timed at FlashAttention-2's rate, an upper bound: "
+              "Dao 2023 measures FA2 1.3-2.5x faster than it on A100)",
+              backward_prefetch="post"),
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "

@@ -303,6 +303,7 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     if layout.size > 1:  # this machine: each meeting waits for the slowest rank (jitter.py)
         compute *= 1 + cluster.sync_jitter
     busy, links, critical = {}, {}, {}
+    runner = framework(lever.framework)
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
         links[dim] = "network" if spans else "in-node"
@@ -310,8 +311,13 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
         busy[dim] = busy.get(dim, 0.0) + t
         if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
             critical[dim] = critical.get(dim, 0.0) + t
+        if (dim, kind) == ("fsdp", "all_gather") and runner.backward_prefetch == "post":
+            # torch FSDP1's BACKWARD_POST: each backward all-gather is issued after the
+            # previous unit's gradients and waited for; of the (2u-1) gathers per
+            # micro-batch, the backward's u-1 lie on the critical path
+            units = (calls / lever.micro_batches + 1) / 2
+            critical[dim] = critical.get(dim, 0.0) + t * (units - 1) / (2 * units - 1)
     exposed = dict(busy)
-    runner = framework(lever.framework)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
     if runner.tp_overlap and "tp" in busy:  # run under the matmuls that feed them
         exposed["tp"] = max(0.0, busy["tp"] - compute)
