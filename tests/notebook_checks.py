@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from labkit.plan.hardware import GPUS
+
 
 def check_00(results: dict) -> None:
     n = results["world_size"]
@@ -248,10 +250,12 @@ def check_09(results: dict) -> None:
         assert bool(calibration["links"]) == (int(n) > 1)
     days = results["recommender_days"]  # more GPUs, placed by the planner: fewer days
     assert days["8 x A100 (1 node)"] < days["1 x RTX 4090"]
+    sustained = GPUS["H100"].matmul_efficiency  # what the H100's matmuls sustain
     for name, row in results["decoders"].items():
-        # MFU counts full attention (as Megatron's formula does) while a fused causal kernel
-        # computes half of it: it may pass the GPU's sustained matmul rate, never 1
-        assert row["fits"] and 0 < row["mfu"] < 1, name
+        # compute starts at the sustained matmul rate and every other cost comes on top
+        # (FlashAttention-2 at 35% of peak, under it): MFU stays below that rate, and above
+        # 0.3, under the least of the published runs in labkit.plan.published (torchtitan's)
+        assert row["fits"] and 0.3 < row["mfu"] < sustained, name
         assert row["links"].get("tp", "in-node") == "in-node", name  # tp never crosses nodes
     assert results["check"]["status"] == "passed"
     published = results["published"]  # "projected beside published": each within 25%
