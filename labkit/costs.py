@@ -74,22 +74,33 @@ def training_bytes(weight_bytes: float, optimizer: str) -> float:
     return 2 * weight_bytes + optimizer_state_bytes(weight_bytes, optimizer)
 
 
-# Bytes per parameter of model state (ZeRO paper, section 3.1): (weights, gradients,
-# optimizer state K). Mixed precision keeps fp16 weights and gradients and, in fp32, a master
-# copy of the weights plus Adam's moments (K = 4 + 2 x 4 = 12); plain fp32 Adam keeps its
-# moments only (K = 2 x 4 = 8).
-# labkit's own runs: precision="fp32" and "mixed" (fp32 master weights, bf16 compute) hold
-# the "fp32" row; precision="bf16" keeps weights, gradients and moments all in bfloat16 (no
-# master copy): 2 + 2 + 4. (The ZeRO paper's "mixed" row is not a labkit run's "mixed".)
+# Bytes per parameter of model state: (weights, gradients, optimizer state K), one row per
+# recipe, each naming who keeps its state that way. This is the one count of model state in
+# labkit: the planner, the memory estimator's analytic check and the plots all read it.
+# * "mixed": the ZeRO paper's (Rajbhandari et al. 2020, section 3.1; DeepSpeed's fp16/bf16
+#   optimizer): fp16 weights and gradients, and in fp32 a master copy plus Adam's moments
+#   (K = 4 + 2 x 4 = 12).
+# * "fp32-master": fp32 weights, gradients and moments, bf16 compute (autocast, or FSDP2's
+#   param_dtype over fp32 sharded parameters, torch's ZeroRedundancyOptimizer over fp32
+#   parameters): labkit's precision="mixed" and torchtitan's; the same bytes as "fp32".
+# * "megatron": Megatron's bf16 weights with fp32 main gradients and an fp32 master copy plus
+#   moments (Megatron-LM docs/source/api-guide/dist_optimizer.md: 18 bytes per parameter,
+#   6 + 12/d with the distributed optimizer over d ranks).
+# * "fp32": plain fp32 Adam (K = 2 x 4); "bf16": weights, gradients and moments all bf16 (no
+#   master copy): 2 + 2 + 4, labkit's precision="bf16".
 _FP32, _BF16 = 4, 2
-_STATE_BYTES = {"mixed": (2, 2, _FP32 + OPTIMIZER_STATE_COPIES["adam"] * _FP32),
-                "fp32": (_FP32, _FP32, OPTIMIZER_STATE_COPIES["adam"] * _FP32),
-                "bf16": (_BF16, _BF16, OPTIMIZER_STATE_COPIES["adam"] * _BF16)}
+_ADAM = OPTIMIZER_STATE_COPIES["adam"]
+_STATE_BYTES = {"mixed": (2, 2, _FP32 + _ADAM * _FP32),
+                "fp32": (_FP32, _FP32, _ADAM * _FP32),
+                "fp32-master": (_FP32, _FP32, _ADAM * _FP32),
+                "megatron": (_BF16, _FP32, _FP32 + _ADAM * _FP32),
+                "bf16": (_BF16, _BF16, _ADAM * _BF16)}
 
 
 def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
                       precision: str = "mixed") -> dict[str, float]:
-    """Per-device bytes of parameters, gradients and Adam state under ZeRO stage 0-3."""
+    """Per-device bytes of parameters, gradients and Adam state under ZeRO stage 0-3, for
+    the recipe ``precision`` names (a row of ``_STATE_BYTES`` above)."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError("zero_stage is 0 (plain data parallel), 1, 2 or 3")
     if precision not in _STATE_BYTES:

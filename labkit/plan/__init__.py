@@ -6,6 +6,7 @@ FLOPs and bytes, and checked against measurement on this machine.
     labkit.plan.search(GPT_70B, cluster, global_batch=512).best
 """
 
+from labkit.plan import published
 from labkit.plan.calibrate import Calibration, calibrate
 from labkit.plan.hardware import GPU, GPUS, Cluster, gpu
 from labkit.plan.project import ASSUMPTIONS, Projection, project
@@ -13,4 +14,4 @@ from labkit.plan.rules import PlanError
 from labkit.plan.search import SearchResult, search
 
 __all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "PlanError", "Projection",
-           "SearchResult", "calibrate", "gpu", "project", "search"]
+           "SearchResult", "calibrate", "gpu", "project", "published", "search"]

@@ -52,6 +52,9 @@ class SampleCounts:
     table_bytes: float
     params: int
     other_bytes: float = 0.0  # read + written by the other non-matmul ops, per sample
+    # read + written by attention's math path (ops on (batch, head, seq, seq) scores: mask,
+    # softmax and their backward), per sample: a fused (flash) kernel never writes them
+    attention_bytes: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -71,21 +74,37 @@ def _nbytes(value) -> int:
     return 0
 
 
+def _touches_scores(value, seq: int) -> bool:
+    """Whether an op's tensors include attention scores: (batch, head, seq, seq) or the
+    (seq, seq) causal mask."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() in (2, 4) and tuple(value.shape[-2:]) == (seq, seq)
+    if isinstance(value, list | tuple):
+        return any(_touches_scores(v, seq) for v in value)
+    return False
+
+
 class _EmbeddingBytes(TorchDispatchMode):
     """Sums the bytes of embedding lookups' outputs (rows read) and of their backward, and
-    the bytes every other non-matmul op reads and writes (elementwise, norms, softmax)."""
+    the bytes every other non-matmul op reads and writes (elementwise, norms, softmax); the
+    ops on attention scores (``seq`` x ``seq``) apart, in ``attention``."""
 
-    def __init__(self):
+    def __init__(self, seq: int = 0):
         super().__init__()
         self.lookup = 0
         self.table = 0
         self.other = 0
+        self.attention = 0
+        self.seq = seq
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         embedding = (_ATEN.embedding.default, _ATEN.embedding_dense_backward.default)
         if func not in _MATMULS and func not in embedding and not _is_view(func):
-            self.other += _nbytes(args) + _nbytes(out)
+            if self.seq > 1 and _touches_scores((args, out), self.seq):
+                self.attention += _nbytes(args) + _nbytes(out)
+            else:
+                self.other += _nbytes(args) + _nbytes(out)
         if func is _ATEN.embedding.default:
             self.lookup += out.numel() * out.element_size()
         elif func is _ATEN.embedding_dense_backward.default:
@@ -122,7 +141,7 @@ def traced_sample_counts(model_config) -> SampleCounts:
     inputs, targets = example_batch(model_config, 1, device="meta")
     blocks = _block_names(model)
     forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
-    lookups = _EmbeddingBytes()
+    lookups = _EmbeddingBytes(getattr(model_config, "seq_len", 0))
     with lookups:
         with forward:
             loss = loss_fn(model_config)(model(inputs), targets)
@@ -133,7 +152,8 @@ def traced_sample_counts(model_config) -> SampleCounts:
     params = sum(p.numel() for p in model.parameters())
     # the dense table gradient is per step; lookups are per sample (batch of 1 here)
     return SampleCounts(forward.get_total_flops(), backward.get_total_flops(), block_flops,
-                        lookups.lookup, lookups.table, params, lookups.other)
+                        lookups.lookup, lookups.table, params, lookups.other,
+                        lookups.attention)
 
 
 class OpBytes(TorchDispatchMode):
@@ -257,6 +277,9 @@ class BlockCounts:
     full_params: int  # the block's parameters before the split
     saved_bytes: float  # bytes saved for backward per sample (fp32 compute), one block
     input_bytes: float  # the block's input per sample (what checkpointing keeps)
+    # of saved_bytes, the tensors d_model wide (norms' and residuals' inputs): every tp rank
+    # holds them whole; sequence parallelism splits them over the tp ranks
+    full_width_bytes: float = 0.0
 
 
 def _local_block(config: GPTConfig, tp: int) -> nn.Module:
@@ -271,6 +294,12 @@ def _local_block(config: GPTConfig, tp: int) -> nn.Module:
     return block
 
 
+def local_block_linears(config: GPTConfig, tp: int = 1) -> list[int]:
+    """Output widths of one block's linears on a tp rank, in the order forward runs them."""
+    block = _local_block(config, tp)
+    return [m.out_features for m in block.modules() if isinstance(m, nn.Linear)]
+
+
 @functools.lru_cache(maxsize=64)
 def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) -> BlockCounts:
     """Parameters and saved activations of one block of ``config`` on one of ``tp`` ranks.
@@ -282,10 +311,10 @@ def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) 
     full = sum(p.numel() for p in _local_block(config, 1).parameters())
     weights = {p.untyped_storage()._cdata for p in block.parameters()}
     seen: set[int] = set()
-    saved = 0
+    saved = wide = 0
 
     def pack(t: torch.Tensor):
-        nonlocal saved
+        nonlocal saved, wide
         storage = t.untyped_storage()
         if storage._cdata not in seen | weights:  # weights are state, not activations
             seen.add(storage._cdata)  # views of one storage (q, k, v of qkv) count once
@@ -294,13 +323,16 @@ def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) 
                 saved += storage.nbytes() // config.seq_len // t.element_size() * 4
             else:
                 saved += storage.nbytes()
+                if tp > 1 and not square and storage.nbytes() == t.numel() * t.element_size() \
+                        and t.shape[-1] == config.d_model:
+                    wide += storage.nbytes()
         return t
 
     x = torch.zeros(1, config.seq_len, config.d_model, device="meta", requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         block(x)
     params = sum(p.numel() for p in block.parameters())
-    return BlockCounts(params, full, saved, x.numel() * x.element_size())
+    return BlockCounts(params, full, saved, x.numel() * x.element_size(), wide)
 
 
 def is_decoder(model_config) -> bool:

@@ -7,7 +7,9 @@ the datasheet named in its row, read on the date given there. Bandwidths are byt
 is 50 GB/s each way. Where a datasheet gives a figure only "with sparsity", the dense figure
 is half of it (the datasheets' own footnote). Where a figure is not in a vendor datasheet
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
-so in ``note``: it is a typical build, not a fact about the chip.
+so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
+keeps the fraction of its bf16 peak that matmuls sustain, from a published microbenchmark
+(``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges.
 
 ``labkit.plan.Cluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them; this
 machine's own figures are measured (``labkit.plan.calibrate``) and form a ``Cluster`` of their
@@ -40,6 +42,40 @@ SMI_SOURCE = "nvidia-smi memory.total, modal-labs/modal-client PR #2797"
 # 8-GPU machines (read 2026-12-01; the same figure on every GPU of a machine and across logs)
 SMI_PUBLIC = "nvidia-smi memory.total as printed in public logs (read 2026-12-01):"
 ACCESSED = "2026-12-01"  # the date the datasheets below were read for this table
+# Achievable matmul efficiency: the bf16 matmul TFLOP/s a GPU sustains over a step (its clock
+# settled at the power limit), over the datasheet peak. Stas Bekman's ml-engineering measures
+# both the best burst ("Maximum Achievable Matmul FLOPS", MAMF, at the boost clock) and the
+# sustained rate (MSMF, at the saturated clock): compute/accelerator/README.md and
+# compute/accelerator/benchmarks/README.md (mamf-finder.py; read 2026-12-01). Sustained:
+# * H100/H200 SXM (one die, 700 W): H200 MSMF 702.9 of 989 (torch nightly, CUDA 13; MAMF
+#   828.0); the H100's own MAMF is 792.1 (CUDA 12.1).
+# * B200: MSMF 1455.7 of 2250 (torch 2.13, CUDA 13).
+# * A100 SXM: MAMF 267.9 of 312 (CUDA 12.1) at the 1410 MHz boost, scaled to the 1305 MHz
+#   NVIDIA quotes as the clock an A100 sustains at its power limit in dense matmul work (its
+#   HPL Rpeak: G. Lockwood, glennklockwood.com/garden/peak-FLOPS): 267.9 x 1305 / 1410.
+# * MI300X: MAMF 781.9 of 1300 (ROCm 6.2; AMD's MI300X shows no boost burst, per the page).
+# Where nothing is measured the row keeps MATMUL_UNMEASURED, a named assumption, and says so.
+MAMF_SOURCE = "ml-engineering MAMF/MSMF tables (Bekman), compute/accelerator/README.md"
+A100_SUSTAINED = 267.9 * 1305 / 1410 / 312
+H100_SUSTAINED = 702.9 / 989
+MATMUL_UNMEASURED = 0.5
+# A fused attention kernel is not a matmul: FlashAttention-2 (PyTorch SDPA's flash backend,
+# flash-attn 2) reaches "only 35% utilization" of the H100's bf16 peak (Shah et al. 2024,
+# 'FlashAttention-3', abstract and section 4.1; FA3 reaches 75%). Rows without a published
+# figure time attention at their matmul rate (``GPU.flash_attention_efficiency`` None).
+FA2_H100 = 0.35
+# torchtitan's Grand Teton H100s run at a 500 W limit, and torchtitan's performance page
+# says their peak lies "between SXM and NVL": the H100 NVL's dense bf16 peak, 835.5 TFLOP/s
+# (1,671 with sparsity, NVIDIA's H100 datasheet), over the SXM's 989.4 bounds it from below.
+# No bf16 matmul measurement at 500 W is published: the row takes that lower bound.
+H100_500W = 835.5 / 989.4
+# Compute that runs beside a collective runs slower: NCCL's kernels take SMs and memory
+# bandwidth. Measured on A100, H100, MI250 and MI210 over GPT and Llama training kernels:
+# "an average computational slowdown of 18.9%, with a maximum of 40.0%" (Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning, arXiv
+# 2507.03114, abstract). ``project`` charges it on the compute a hidden collective overlaps.
+OVERLAP_SLOWDOWN = 0.189
+OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized): 18.9% mean"
 
 
 @dataclass(frozen=True)
@@ -78,6 +114,10 @@ class GPU:
     accessed: str = ACCESSED
     measured: bool = False
     peer_links: int = 0
+    # achievable fraction of the bf16 peak on large matmuls (MAMF_SOURCE above)
+    matmul_efficiency: float = MATMUL_UNMEASURED
+    # FlashAttention-2's fraction of the bf16 peak (FA2_H100); None: the matmul rate
+    flash_attention_efficiency: float | None = None
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -131,21 +171,36 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (40 GiB). SXM4. NVLink 600 GB/s both directions. DGX A100: 8 "
         "GPUs, 8x 200 Gb/s HDR IB "
-        "(25 GB/s per GPU)."),
+        "(25 GB/s per GPU). Matmuls: the A100 SXM sustained rate.",
+        matmul_efficiency=A100_SUSTAINED),
     GPU("A100-80GB", 81920 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-        f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB."),
+        f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB.",
+        matmul_efficiency=A100_SUSTAINED),
     GPU("H100", 81559 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
         "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
-        "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU)."),
+        "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU). Matmuls: "
+        "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100).",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
+    GPU("H100-96GB", 96 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 2400 * GB, 8, 450 * GB, 50 * GB,
+        "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
+        "The H100 SXM with 96 GB of HBM2e at 2.4 TB/s (Meta's Grand Teton, as torchtitan's "
+        "performance page describes it), 400 Gb/s per GPU. 96 GB read as 96 GiB. At its "
+        "500 W limit the peak lies between the SXM's and the NVL's (torchtitan's note): the "
+        "peak printed is the SXM's (MFU's denominator, as torchtitan's), the rates charged are "
+        "the SXM's sustained matmul and FlashAttention-2 rates scaled by NVL/SXM peak "
+        "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published.",
+        matmul_efficiency=H100_SUSTAINED * H100_500W,
+        flash_attention_efficiency=FA2_H100 * H100_500W),
     GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
         f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
         "SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
-        "H100."),
+        "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100.",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
     GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
         f"Memory: {SMI_PUBLIC} 183359 MiB on B200 (179.1 GiB). HGX B200 (1000 W): FP16/BF16 "
@@ -153,7 +208,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "sparsity (2.25 dense), FP32 80 TFLOPS, "
         "8 TB/s; DGX B200 lists 1440 GB for 8 GPUs (180 GB each; 192 GB is the chip). NVLink 5 "
         "1.8 TB/s both directions; 8x 400 Gb/s ConnectX-7. UNSURE: some pages quote 75 TFLOPS "
-        "fp32."),
+        "fp32. Matmuls: the B200's sustained rate (MSMF).", matmul_efficiency=1455.7 / 2250),
     GPU("MI300X", 192 * GiB, 1307.4 * TFLOPS, 163.4 * TFLOPS, 5300 * GB, 8, 64 * GB, 50 * GB,
         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
         "192 GB read as 192 GiB (8 HBM3 stacks of 24 GiB). Dense BF16 1307.4 TFLOPS (2614.9 "
@@ -161,7 +216,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "each both directions (64 GB/s each way), one to each peer of the 8-GPU platform (no "
         "switch): a GPU reaches ONE peer at 64 GB/s and a collective over g GPUs uses g-1 "
         "links (all 8: 448 GB/s each way). 400 Gb/s per GPU is the usual platform network, "
-        "NOT in AMD's datasheet.", peer_links=7),
+        "NOT in AMD's datasheet. Matmuls: MAMF (ROCm 6.2).", peer_links=7,
+        matmul_efficiency=781.9 / 1300),
 )}
 
 
@@ -170,6 +226,10 @@ def gpu(name: str) -> GPU:
     if isinstance(name, GPU):
         return name
     if name not in GPUS:
+        close = [k for k in GPUS if k.lower().startswith(str(name).lower())]
+        if close:
+            raise ValueError(f"GPU {name!r} names {len(close)} rows of the table: "
+                             f"{', '.join(close)}; give one of them (memory differs)")
         raise ValueError(f"unknown GPU {name!r}: the table knows {', '.join(GPUS)} (or "
                          "measure this machine with labkit.plan.calibrate(cluster).cluster())")
     return GPUS[name]
@@ -180,9 +240,12 @@ class Cluster:
     """``nodes`` nodes of ``gpus_per_node`` GPUs of one type.
 
     ``gpus_per_node`` defaults to the reference node's. ``efficiency`` is the achievable
-    fraction of peak FLOP/s that a well-tuned training step sustains on large matmuls: a named
-    assumption, 0.5 by default (published large runs report 38-55% MFU: Megatron-LM 2021,
-    Llama 3 2024); a measured cluster (this machine) sets it from its measured matmuls.
+    fraction of peak FLOP/s on large matmuls: None takes the GPU row's ``matmul_efficiency``
+    (a microbenchmark's, ``MAMF_SOURCE``); a measured cluster (this machine) sets it from its
+    measured matmuls. Everything else a step does (memory-bound ops, exposed communication,
+    the pipeline's bubble) is charged on top of it, not folded into it.
+    ``network_gbps``: the network each GPU has off its node, in Gb/s one direction (the
+    cluster's own NICs; None: the reference node's, ``GPU.inter_node_bandwidth``).
     ``alpha_s`` is the latency of one step of a ring (one message), per link kind (intra,
     inter): 10 and 20 us, the order of NCCL's small-message latency (an assumption); a
     collective pays it once per step (2(N-1) for AllReduce: ``labkit.costs.ring_steps``).
@@ -195,7 +258,7 @@ class Cluster:
     gpu: GPU | str
     gpus_per_node: int | None = None
     nodes: int = 1
-    efficiency: float = 0.5
+    efficiency: float | None = None
     alpha_s: tuple[float, float] = (10e-6, 20e-6)
     op_overhead_s: float = 0.0
     measured_links: dict | None = dataclasses.field(default=None, compare=False, hash=False)
@@ -207,9 +270,15 @@ class Cluster:
     # what meeting in collectives adds to a multi-rank step's compute, as a fraction of it
     # (measured on this machine: labkit/plan/jitter.py); 0 on GPUs
     sync_jitter: float = 0.0
+    network_gbps: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "gpu", gpu(self.gpu))
+        if self.efficiency is None:
+            object.__setattr__(self, "efficiency", self.gpu.matmul_efficiency)
+        if self.network_gbps is not None and not self.network_gbps > 0:
+            raise ValueError(f"network_gbps is each GPU's network in Gb/s, more than 0, not "
+                             f"{self.network_gbps!r}")
         if self.gpus_per_node is None:
             object.__setattr__(self, "gpus_per_node", self.gpu.gpus_per_node)
         for name in ("gpus_per_node", "nodes"):
@@ -223,12 +292,19 @@ class Cluster:
                 f"GPUs on links the table does not have: use gpus_per_node <= "
                 f"{self.gpu.gpus_per_node} and more nodes, or custom_node=True to assume a "
                 "bigger node with the same per-GPU links")
-        if self.nodes > 1 and self.gpu.inter_node_bandwidth <= 0:
+        if self.nodes > 1 and self.inter_node_bandwidth <= 0:
             raise ValueError(f"{self.gpu.name} rows have no network between nodes (a "
                              "workstation GPU): use nodes=1, or a data-centre GPU")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency is a fraction of peak in (0, 1], not "
                              f"{self.efficiency!r}")
+
+    @property
+    def inter_node_bandwidth(self) -> float:
+        """Bytes/s each GPU sends off its node, one direction."""
+        if self.network_gbps is not None:
+            return self.network_gbps * 1e9 / 8
+        return self.gpu.inter_node_bandwidth
 
     @property
     def world_size(self) -> int:
@@ -239,7 +315,7 @@ class Cluster:
         """(alpha seconds per ring step, bandwidth bytes/s) of the link a ``kind`` collective
         over ``group`` GPUs uses."""
         if spans_nodes:
-            return self.alpha_s[1], self.gpu.inter_node_bandwidth
+            return self.alpha_s[1], self.inter_node_bandwidth
         return self.alpha_s[0], self.gpu.group_bandwidth(group, kind)
 
     def replace(self, **changes) -> Cluster:

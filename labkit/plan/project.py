@@ -3,15 +3,23 @@
     step = compute + exposed communication + pipeline bubble
 
 * compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
-  the cluster's named assumption (``Cluster.efficiency``; measured matmuls on this machine).
+  the GPU's sustained matmul rate over its peak, from a microbenchmark (``hardware.py``:
+  ``GPU.matmul_efficiency``; measured matmuls on this machine), never an end-to-end MFU:
+  everything else below is charged on top of it. A fused attention kernel runs at its own
+  published rate (FlashAttention-2: 35% of an H100's peak; ``GPU.flash_attention_efficiency``).
+  Compute beside a hidden collective in a node runs ``OVERLAP_SLOWDOWN`` (18.9%) slower
+  (NCCL's kernels take SMs: ``hardware.py``). A pipeline's compute is its busiest stage's
+  (``step.step_flops``).
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses:
   a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
   node) uses the node's GPU links, any other the network.
-* overlap: DDP's AllReduce runs during backward (buckets), so only what outlasts backward is
-  exposed, and never less than its last bucket; FSDP's all-gathers and reduce-scatters
-  likewise during forward and backward; tensor parallelism and pipeline sends are on the
-  critical path (exposed whole).
+* overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
+  backward (buckets), so only what outlasts backward is exposed, and never less than its last
+  bucket (Megatron 2021 and DeepSpeed's pipeline reduce after backward: exposed whole);
+  FSDP's all-gathers and reduce-scatters likewise during forward and backward; tensor
+  parallelism is exposed unless the framework overlaps it (Megatron-Core); pipeline sends
+  are exposed.
 * bubble: a pipeline of p stages and m micro-batches idles (p-1)/v micro-batch times per step
   (v = stages per rank: 2 for interleaved 1F1B; GPipe and 1F1B both lose (p-1)).
 """
@@ -32,32 +40,40 @@ from labkit.plan.counts import (
     is_recommender,
     optimizer_counts,
     param_tensors,
-    sample_counts,
 )
-from labkit.plan.hardware import Cluster
+from labkit.plan.frameworks import framework
+from labkit.plan.hardware import OVERLAP_SLOWDOWN, Cluster
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
     Lever,
     StepCosts,
     compute_bytes,
     decoder_memory,
+    fused_attention_flops,
     local_params,
     step_comm,
     step_flops,
 )
+from labkit.plan.traffic import memory_bound_bytes
 
 ASSUMPTIONS = (
-    "compute runs at the cluster's efficiency x peak FLOP/s (a named assumption on GPUs; "
-    "measured matmul throughput on this machine)",
+    "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
+    "measured matmul throughput on this machine); bandwidth-bound work, exposed "
+    "communication and the bubble are added on top",
+    "a fused attention kernel runs at its published rate where the framework calls "
+    "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
+    "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "
+    "takes SMs: the mean measured in arXiv 2507.03114); none charged beside network "
+    "collectives (not measured there)",
     "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
     "its ops) runs at the "
     "memory bandwidth",
     "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
     "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
     "uses the GPU links, a group across nodes the network",
-    "DDP and FSDP communication hides behind backward (and forward) as far as it fits; tp and "
-    "pipeline sends are exposed; on this machine nothing hides (a CPU rank's collectives share "
-    "its one core)",
+    "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
+    "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
+    "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
@@ -68,8 +84,12 @@ ASSUMPTIONS = (
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
     "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
     "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",
-    "'mixed' is labkit's recipe: fp32 weights, gradients (reduced in fp32) and Adam moments, "
-    "bf16 compute; 'bf16' keeps weights and optimizer state in bf16 too (a convergence risk)",
+    "'mixed' is the framework's recipe (labkit, torchtitan: fp32 weights, gradients reduced in "
+    "fp32 and Adam moments, bf16 compute; Megatron: bf16 weights, fp32 main gradients, fp32 "
+    "master and moments); 'bf16' keeps weights and optimizer state in bf16 too (a "
+    "convergence risk)",
+    "attention: a fused causal kernel on GPUs (FlashAttention: no seq x seq scores kept or "
+    "written, half of them computed); the math path on this machine",
 )
 
 BF16_CAVEAT = ("pure bf16: weights and optimizer state in bf16 lose updates smaller than "
@@ -115,6 +135,12 @@ class Projection:
         return self.costs.model_flops / self.step_s / peak
 
     @property
+    def hardware_flops_per_gpu(self) -> float:
+        """FLOP/s each GPU computes (recomputation counted, the busiest rank's): the
+        hardware's rate, beside ``mfu``'s model FLOPs over peak."""
+        return self.costs.flops / self.step_s
+
+    @property
     def peak_bytes(self) -> float:
         return self.costs.peak_bytes
 
@@ -152,6 +178,7 @@ class Projection:
                 "activation_checkpointing": self.lever.activation_checkpointing,
                 **self.split(), "samples_per_s": self.samples_per_s,
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "hardware_tflops_per_gpu": self.hardware_flops_per_gpu / 1e12,
                 "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links,
                 "caveats": list(self.caveats)}
 
@@ -160,7 +187,8 @@ class Projection:
         return (f"<b>projected</b> {self.layout} on {self.cluster}: step "
                 f"{s['step_s'] * 1e3:.1f} ms (compute {s['compute_s'] * 1e3:.1f}, exposed "
                 f"comm {s['exposed_comm_s'] * 1e3:.1f}, bubble {s['bubble_s'] * 1e3:.1f}); "
-                f"MFU {self.mfu:.0%}; peak {format_bytes(self.peak_bytes)} per GPU of "
+                f"MFU {self.mfu:.0%}, {self.hardware_flops_per_gpu / 1e12:.0f} hardware "
+                f"TFLOP/s per GPU; peak {format_bytes(self.peak_bytes)} per GPU of "
                 f"{format_bytes(self.cluster.gpu.usable_memory_bytes)} usable"
                 + "".join(f"<br><b>caveat</b>: {c}" for c in self.caveats) +
                 f"<br><small>assumptions: {'; '.join(self.assumptions)}</small>")
@@ -193,13 +221,9 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
                flash_attention: bool = True) -> StepCosts:
     """The counted costs of one step on the worst rank (cached per layout)."""
     flops, model_flops = step_flops(model_config, layout, lever)
-    params = local_params(model_config, layout)
-    counts = sample_counts(model_config)
-    samples_here = lever.global_batch / layout.data_size
-    # other_bytes is counted in fp32: a bf16 step moves about half
-    width = compute_bytes(lever.precision) / 4
-    memory_bound = ((counts.lookup_bytes + counts.other_bytes * width) * samples_here
-                    / (layout.tp * layout.pp) + counts.table_bytes)
+    attention = fused_attention_flops(model_config, layout, lever) if not measured else 0.0
+    params = local_params(model_config, layout, lever.framework)
+    tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     if is_decoder(model_config):
         memory = decoder_memory(model_config, layout, lever, measured, flash_attention)
         method = "counted per block, scaled"
@@ -208,12 +232,10 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
         method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
-    # the optimizer's passes over parameters, gradients and its state, counted on its ops
-    memory_bound += optimizer_counts(lever.optimizer)[0] * memory["parameters"]
+    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"])
     comm = step_comm(model_config, layout, lever, params, measured)
-    tokens = lever.global_batch * getattr(model_config, "seq_len", 1)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
-                     tokens, method)
+                     tokens, method, attention)
 
 
 def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
@@ -232,26 +254,56 @@ def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str
 
 def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
             micro_batches: int = 1, precision: str = "mixed",
-            activation_checkpointing: bool = False, optimizer: str = "adam") -> Projection:
-    """Project one training step of ``model_config`` with ``layout`` on ``cluster``."""
-    from labkit.plan.rules import check_layout
+            activation_checkpointing: bool = False, optimizer: str = "adam", *,
+            selective_recompute: bool = False, sequence_parallel: bool = False,
+            zero_stage: int = 0, flash_attention: bool | None = None,
+            framework: str = "labkit", virtual_stages: int = 0) -> Projection:
+    """Project one training step of ``model_config`` with ``layout`` on ``cluster``.
 
-    lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer)
-    check_layout(model_config, layout, cluster, lever)
+    ``selective_recompute``, ``sequence_parallel``: Korthikanti et al. 2022's levers (tp);
+    ``zero_stage``: 1 or 2 shards the optimizer state (and gradients) over the dp replicas
+    beside tp and pp (Megatron's distributed optimizer, DeepSpeed's ZeRO); ``flash_attention``
+    None: a fused kernel on GPUs, the math path on this machine; ``framework``: whose
+    defaults the run has (``labkit.plan.frameworks.FRAMEWORKS``); ``virtual_stages``: model
+    chunks per pipeline rank for interleaved 1F1B, any v >= 2 (the bubble is (p-1)/v
+    micro-batch times and each micro-batch crosses v times as many stage boundaries)."""
+    from labkit.plan.rules import check_layout, warn_tokens_as_batch
+
+    warn_tokens_as_batch(model_config, global_batch)
     measured = cluster.gpu.measured
-    costs = step_costs(model_config, layout, lever, measured, not measured)
+    flash = (not measured) if flash_attention is None else bool(flash_attention)
+    lever = Lever(global_batch, micro_batches, precision, activation_checkpointing, optimizer,
+                  selective_recompute, sequence_parallel, zero_stage, flash, framework,
+                  virtual_stages)
+    check_layout(model_config, layout, cluster, lever)
+    costs = step_costs(model_config, layout, lever, measured, flash)
     return _time(model_config, layout, cluster, lever, costs)
 
 
+def _matmul_s(cluster: Cluster, lever: Lever, costs: StepCosts) -> float:
+    """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, a fused
+    attention kernel's at its own (FlashAttention-2's, where the framework calls it and the
+    GPU's row has a published figure)."""
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(lever.precision)
+    attention = costs.attention_flops
+    if not (attention and gpu.flash_attention_efficiency
+            and framework(lever.framework).attention_kernel == "fa2"):
+        return costs.flops / (peak * cluster.efficiency)
+    return ((costs.flops - attention) / (peak * cluster.efficiency)
+            + attention / (peak * gpu.flash_attention_efficiency))
+
+
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
-    peak = cluster.gpu.peak_flops(lever.precision) * cluster.efficiency
-    compute = (costs.flops / peak + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
+    compute = (_matmul_s(cluster, lever, costs)
+               + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
                   if cluster.op_overhead_s else 0.0)  # GPUs: 0, and no op count to trace
                + engine_overhead_s(model_config, layout, lever, cluster))
     if layout.size > 1:  # this machine: each meeting waits for the slowest rank (jitter.py)
         compute *= 1 + cluster.sync_jitter
     busy, links, critical = {}, {}, {}
+    runner = framework(lever.framework)
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
         links[dim] = "network" if spans else "in-node"
@@ -259,13 +311,23 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
         busy[dim] = busy.get(dim, 0.0) + t
         if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
             critical[dim] = critical.get(dim, 0.0) + t
+        if (dim, kind) == ("fsdp", "all_gather") and runner.backward_prefetch == "post":
+            # torch FSDP1's BACKWARD_POST: each backward all-gather is issued after the
+            # previous unit's gradients and waited for; of the (2u-1) gathers per
+            # micro-batch, the backward's u-1 lie on the critical path
+            units = (calls / lever.micro_batches + 1) / 2
+            critical[dim] = critical.get(dim, 0.0) + t * (units - 1) / (2 * units - 1)
     exposed = dict(busy)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
+    if runner.tp_overlap and "tp" in busy:  # run under the matmuls that feed them
+        exposed["tp"] = max(0.0, busy["tp"] - compute)
     for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
         if dim in busy:
             calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
                         and k != "all_to_all")
             hide = backward if dim == "dp" else compute
+            if not runner.dp_overlap:  # reduced after backward, whole
+                hide, calls = 0.0, 1
             if layout.data_engine == "naive" or cluster.gpu.measured:
                 # this machine: a CPU rank's collectives run on gloo's threads, on the one
                 # core its compute has (no copy engine, no second stream): labkit's own split
@@ -273,12 +335,23 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
                 hide = 0.0
             late = busy[dim] - critical.get(dim, 0.0)
             exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
+    if not cluster.gpu.measured:
+        # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
+        # where it was measured, collectives among the GPUs of one node
+        hidden = sum(busy[d] - exposed[d] for d in busy if links[d] == "in-node")
+        compute += OVERLAP_SLOWDOWN * min(hidden, compute)
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:
         per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches
-        bubble = (layout.pp - 1) / layout.stages_per_rank * per_micro
+        bubble = (layout.pp - 1) / chunks_per_rank(layout, lever) * per_micro
     return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
                       bubble, links)
+
+
+def chunks_per_rank(layout: Layout, lever: Lever) -> int:
+    """Model chunks each pipeline rank holds: the lever's ``virtual_stages``, else the
+    layout's (2 under interleaved 1F1B)."""
+    return lever.virtual_stages or layout.stages_per_rank
 
 
 def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Cluster) -> float:

@@ -8,6 +8,8 @@ splits over the data ranks and micro-batches.
 
 from __future__ import annotations
 
+import warnings
+
 from labkit.costs import OPTIMIZER_STATE_COPIES
 from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, MLPConfig, plan_for
@@ -17,6 +19,20 @@ PRECISIONS = ("fp32", "bf16", "mixed")
 
 class PlanError(ValueError):
     """A layout, batch or cluster the planner refuses, with the reason and the fix."""
+
+
+# A global batch of sequences beyond this is more likely a count of tokens: published runs
+# train with 512 to 16k sequences a step (Llama 3 405B: 2,048 of 8,192 tokens, 16M tokens).
+TOKENS_NOT_SEQUENCES = 100_000
+
+
+def warn_tokens_as_batch(model_config, global_batch) -> None:
+    """Warn when ``global_batch`` looks like tokens where samples (sequences) are meant."""
+    seq = getattr(model_config, "seq_len", 1)
+    if isinstance(global_batch, int) and global_batch > TOKENS_NOT_SEQUENCES and seq > 1:
+        warnings.warn(f"global_batch={global_batch:,} counts samples (sequences of {seq} "
+                      f"tokens): {global_batch * seq:,} tokens a step. If you meant tokens, "
+                      f"pass global_batch={max(global_batch // seq, 1):,}", stacklevel=3)
 
 
 def check_lever(lever) -> None:
@@ -100,6 +116,11 @@ def _check_pipeline(model_config, layout: Layout, lever) -> None:
         raise PlanError(f"{layout.pp} stages need {layout.pp} layers at least; the model has "
                         f"{layers}")
     schedule = layout.pipeline_schedule
+    chunks = getattr(lever, "virtual_stages", 0)
+    if chunks and (chunks < 1 or layers < layout.pp * chunks):
+        raise PlanError(f"virtual_stages={chunks} puts {layout.pp * chunks} model chunks on "
+                        f"{layout.pp} stages: the model has {layers} layers; choose "
+                        f"virtual_stages <= {max(layers // layout.pp, 1)}")
     if schedule in ("1f1b", "interleaved_1f1b") and lever.micro_batches < layout.pp:
         raise PlanError(f"1F1B keeps {layout.pp} stages busy only with {layout.pp} "
                         f"micro-batches or more (got {lever.micro_batches}): the batch per "

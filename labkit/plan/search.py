@@ -3,15 +3,17 @@ one was refused.
 
 The enumeration covers each field of ``labkit.Layout`` that splits ranks (``MESH_ORDER``:
 pp, dp, fsdp, tp, and any dimension added later is left at 1 here), with the levers of a
-``TrainConfig``: micro-batches, precision, activation checkpointing. Degrees are powers of
-two that divide the cluster; tp stays inside a node. Each candidate is projected with the
-counted, per-block-scaled costs (``project.step_costs``, cached per layout), so a 70B decoder
-on 1024 GPUs is searched in seconds.
+``TrainConfig``: micro-batches, precision, activation checkpointing. Degrees are every
+divisor of the cluster (pp 12 on 384 GPUs); tp divides a node and stays inside it. Each
+candidate is projected with the counted, per-block-scaled costs (``project.step_costs``,
+cached per layout), so a 70B decoder on 1024 GPUs is searched in seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from labkit.layout.layout import Layout
@@ -35,29 +37,38 @@ class SearchResult:
     @property
     def best(self) -> Projection:
         if not self.fits:
-            reasons = sorted({reason.split(":")[0] for _, reason in self.rejected})
-            lean = ""
-            if self.leanest is not None:
-                p = self.leanest
-                ckpt = " with activation checkpointing" if p.lever.activation_checkpointing else ""
-                lean = (f" (the leanest, {p.layout} {p.lever.precision}{ckpt}, needs "
-                        f"{p.peak_bytes / 1e9:.1f} GB per GPU of "
-                        f"{p.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable)")
-            raise PlanError("no layout fits this cluster: " + "; ".join(reasons[:5]) + lean +
-                            ". Add GPUs or nodes, a GPU with more memory, or a smaller batch")
+            raise PlanError(self._why_nothing())
         return self.fits[0]
+
+    def _why_nothing(self) -> str:
+        """Which constraint left no layout: each refusal's kind, counted."""
+        kinds = Counter(reason.split(":")[0] for _, reason in self.rejected)
+        tally = "; ".join(f"{n} x {kind}" for kind, n in kinds.most_common(5))
+        lean = ""
+        if self.leanest is not None:
+            p = self.leanest
+            ckpt = " with activation checkpointing" if p.lever.activation_checkpointing else ""
+            lean = (f" (the leanest, {p.layout} {p.lever.precision}{ckpt}, needs "
+                    f"{p.peak_bytes / 1e9:.1f} GB per GPU of "
+                    f"{p.cluster.gpu.usable_memory_bytes / 1e9:.1f} GB usable)")
+        if self.leanest is not None:
+            verdict = ("memory left nothing: every layout the rules allow is out of memory"
+                       + lean + ". Add GPUs or nodes, a GPU with more memory, activation "
+                       "checkpointing, or a smaller batch")
+        elif not self.rejected:
+            verdict = "no candidate layout at all: the cluster has no GPUs to split"
+        else:
+            verdict = ("the layout rules left nothing (no candidate reached the memory "
+                       "check): change the batch, the cluster's size or the model's heads")
+        return f"no layout fits this cluster: {verdict}. Refusals: {tally}"
 
     def table(self, top: int = 10) -> list[dict]:
         return [p.summary() for p in self.fits[:top]]
 
 
-def _powers_of_two(limit: int) -> list[int]:
-    out, d = [], 1
-    while d <= limit:
-        if limit % d == 0:
-            out.append(d)
-        d *= 2
-    return out
+def _divisors(limit: int) -> list[int]:
+    """Every degree that divides ``limit`` (pp 12 on 384 GPUs, 35 on 280), smallest first."""
+    return [d for d in range(1, limit + 1) if limit % d == 0]
 
 
 def _data_splits(data: int, per_node: int) -> list[tuple[int, int]]:
@@ -84,8 +95,10 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
     yield from _cp_ep_candidates(model_config, cluster, global_batch, precisions,
                                  checkpointing, cp, optimizer)
     layers = getattr(model_config, "n_layers", 1)
-    for tp in _powers_of_two(min(world, heads_limit)):
-        for pp in _powers_of_two(world // tp):
+    for tp in _divisors(min(world, heads_limit)):
+        if world % tp:
+            continue
+        for pp in _divisors(world // tp):
             if pp > layers:
                 continue
             data = world // tp // pp
@@ -149,6 +162,9 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     """Project every candidate layout; return those that fit, fastest first. ``cp``: the
     context-parallel degrees to try besides 1 (long sequences), e.g. (1, 2, 4, 8).
     ``optimizer`` ("adam", "adamw", "sgd"): None is Adam (SGD for a recommender)."""
+    from labkit.plan.rules import warn_tokens_as_batch
+
+    warn_tokens_as_batch(model_config, global_batch)
     if precisions is None:
         precisions = ("fp32",) if cluster.gpu.measured else ("bf16", "mixed")
     for precision in precisions:  # refuse a bad batch once, not once per candidate
@@ -158,6 +174,7 @@ def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
     measured = cluster.gpu.measured
     for layout, lever in candidates(model_config, cluster, global_batch, precisions,
                                     checkpointing, cp, optimizer):
+        lever = dataclasses.replace(lever, flash_attention=not measured)
         label = (f"{layout} m={lever.micro_batches} {lever.precision}"
                  f"{' ckpt' if lever.activation_checkpointing else ''}")
         try:

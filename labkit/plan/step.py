@@ -7,12 +7,7 @@ scales them by the layout, each rule in one place:
 * FLOPs per rank: the model's per-sample FLOPs x samples in the step / ranks (data
   parallelism splits samples, tensor parallelism each matmul, a pipeline the layers), plus the
   blocks' forward again under activation checkpointing.
-* Memory per rank, for decoders (any size, no trace): the state of this rank's parameters
-  (``labkit.costs.model_state_bytes``: ZeRO-3 over fsdp, ZeRO-1 over dp for "zero1"), the
-  activations autograd saves per block per sample (counted for one tp rank's block) x blocks
-  on the stage x samples per micro-batch x micro-batches in flight (1; a 1F1B stage holds pp,
-  GPipe all of them), and FSDP's two gathered blocks. Other models (the MLP, the DLRM) are
-  traced whole by ``labkit.memory.estimate_memory`` (they are small, or their size is tables).
+* Memory per rank: ``memory_model.py``; memory-bound traffic: ``traffic.py``.
 * Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
   sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
   activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
@@ -26,89 +21,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass, field
 
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
 from labkit.layout.layout import Layout
 from labkit.models import build_model, plan_for
-from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
-from labkit.plan.cp_ep import cp_ep_comm, ep_local_params
+from labkit.plan.counts import block_counts, is_decoder, sample_counts
+from labkit.plan.cp_ep import cp_ep_comm
+from labkit.plan.levers import Lever, StepCosts, compute_bytes
+from labkit.plan.memory_model import _zero_stage, decoder_memory, local_params
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's default: 1 MiB)
-
-
-@dataclass(frozen=True)
-class Lever:
-    """The per-run choices besides the layout (the ``TrainConfig`` levers)."""
-
-    global_batch: int
-    micro_batches: int = 1
-    precision: str = "mixed"  # "fp32", "bf16", "mixed"
-    activation_checkpointing: bool = False
-    optimizer: str = "adam"
-
-
-@dataclass
-class StepCosts:
-    """One rank's costs of one step.
-
-    Attributes:
-        flops: FLOPs this rank computes (recomputation included).
-        model_flops: the model's FLOPs per step over all ranks (no recomputation): MFU's top.
-        memory_bound_bytes: bytes moved by ops that are bandwidth-bound (embedding lookups and
-            their gradients, the optimizer's passes over its state:
-            ``counts.optimizer_counts``).
-        memory: peak bytes by category; comm: {(dim, kind): (calls, tensor bytes)}.
-        samples, tokens: per step, all ranks.
-    """
-
-    flops: float
-    model_flops: float
-    memory_bound_bytes: float
-    memory: dict[str, float]
-    comm: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
-    samples: int = 0
-    tokens: int = 0
-    memory_method: str = "counted per block, scaled"
-
-    @property
-    def peak_bytes(self) -> float:
-        return sum(self.memory.values())
-
-
-def _zero_stage(layout: Layout) -> tuple[int, int]:
-    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine."""
-    engine = layout.data_engine
-    if engine == "fsdp":
-        return 3, layout.fsdp
-    if engine == "zero1":
-        return 1, layout.dp
-    return 0, 1
-
-
-def _state_precision(precision: str, measured: bool = False) -> str:
-    """The ``model_state_bytes`` row of labkit's precision lever, on any cluster: "mixed"
-    keeps fp32 weights, fp32 gradients (reduced in fp32: FSDP2's ``reduce_dtype``, DDP on
-    fp32 parameters) and fp32 Adam moments, computing in bf16 (autocast, or FSDP2's
-    ``param_dtype``): the "fp32" row, 16 B per parameter with Adam, the same total as the ZeRO
-    paper's "mixed" row (2 + 2 + 12). The wire carries what memory holds (``step_comm``)."""
-    return "fp32" if precision == "mixed" else precision
-
-
-def _optimizer_share(row: str, optimizer: str) -> float:
-    """The part of ``model_state_bytes``'s Adam state that ``optimizer`` keeps: its moments
-    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of the "mixed" row."""
-    moment = 2 if row == "bf16" else 4
-    master = 4 if row == "mixed" else 0
-    adam = master + OPTIMIZER_STATE_COPIES["adam"] * moment
-    return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
-
-
-def compute_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
 
 
 @functools.lru_cache(maxsize=64)
@@ -130,64 +54,65 @@ def _tokens_per_sample(model_config) -> int:
     return getattr(model_config, "seq_len", 1)
 
 
+def attention_flops(model_config) -> float:
+    """Forward FLOPs of one sample's attention scores and weighted sum (Q K^T and P V,
+    2 s^2 d each per layer): what the meta count's math path charges forward (backward twice
+    that); 0 for a model without attention."""
+    if not is_decoder(model_config):
+        return 0.0
+    return 4.0 * model_config.n_layers * model_config.seq_len ** 2 * model_config.d_model
+
+
 def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float]:
-    """(FLOPs of this rank, model FLOPs of the step over all ranks)."""
+    """(FLOPs of this rank, model FLOPs of the step over all ranks).
+
+    Recomputation: full checkpointing reruns the blocks' forward; selective reruns the
+    attention core (Korthikanti et al. 2022). A fused causal attention kernel (FlashAttention)
+    skips the blocks above the diagonal (half the scores; Dao 2023, FlashAttention-2, section
+    3.1.1) and its backward runs 5 of the matmuls where the forward runs 2 (it recomputes the
+    scores: Algorithm 2), so it does 3.5 x 0.5 of the forward's attention FLOPs where the math
+    path's forward and backward do 3, and selective recomputation adds nothing to it.
+
+    A pipeline runs at its slowest stage's pace: a decoder's busiest stage holds
+    ceil(layers / pp) blocks and the head (the embedding's lookup costs no FLOPs)."""
     counts = sample_counts(model_config)
     model = counts.flops * lever.global_batch
-    recompute = counts.block_forward_flops * lever.global_batch if (
-        lever.activation_checkpointing) else 0.0
-    return (model + recompute) / layout.size, model
+    attn = attention_flops(model_config)
+    per_sample = counts.flops
+    if lever.activation_checkpointing:
+        per_sample += counts.block_forward_flops
+    elif lever.selective_recompute == "op":  # every second of the blocks' matmuls again
+        per_sample += 0.5 * (counts.block_forward_flops - attn)
+    elif lever.selective_recompute and not lever.flash_attention:
+        per_sample += attn
+    if lever.flash_attention and attn:
+        again = attn if lever.activation_checkpointing else 0.0
+        per_sample += (3.5 * attn + again) * 0.5 - (3 * attn + again)
+    share = 1 / layout.pp
+    if layout.pp > 1 and is_decoder(model_config):
+        # the blocks' forward and backward: 3 x their forward (backward is twice forward)
+        blocks = 3 * counts.block_forward_flops
+        head = max(counts.flops - blocks, 0.0)
+        per_block = (per_sample - head) / model_config.n_layers
+        busiest = math.ceil(model_config.n_layers / layout.pp) * per_block + head
+        share = busiest / per_sample
+    return per_sample * lever.global_batch * share / (layout.size / layout.pp), model
 
 
-def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
-                   flash_attention: bool = True) -> dict[str, float]:
-    """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
-    blocks = block_counts(model_config, layout.tp, flash_attention)
-    per_stage = math.ceil(model_config.n_layers / layout.pp)
-    counts = sample_counts(model_config)
-    rest = counts.params - model_config.n_layers * blocks.full_params
-    # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
-    ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
-                                           _head_params(model_config))
-    local = ep_local_params(model_config, layout, ends + per_stage * blocks.params)
-    stage, shards = _zero_stage(layout)
-    row = _state_precision(lever.precision, measured)
-    state = model_state_bytes(local, shards, stage, row)
-    state["optimizer"] *= _optimizer_share(row, lever.optimizer)
-    micro = lever.global_batch // layout.data_size // lever.micro_batches
-    width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
-    if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
-        in_blocks = per_stage * blocks.input_bytes
-        recompute = blocks.saved_bytes
-    else:
-        in_blocks, recompute = per_stage * blocks.saved_bytes, 0.0
-    rest = rest_saved_bytes(model_config)
-    if layout.pp == 1:
-        per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
-    else:  # the first stage holds the most micro-batches, the last the head's logits
-        first = in_blocks * _in_flight(layout, lever)
-        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
-        per_sample = max(first, last + rest) + recompute
-    activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
-    other = 0.0
-    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
-        other += 2 * blocks.params * compute_bytes(lever.precision)
-    return {"parameters": state["parameters"], "gradients": state["gradients"],
-            "optimizer": state["optimizer"], "activations": activations, "other": other}
-
-
-def _head_params(model_config) -> int:
-    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
-
-
-def _in_flight(layout: Layout, lever: Lever) -> int:
-    """Micro-batches whose activations a stage holds at once (the first stage's)."""
-    schedule = layout.pipeline_schedule
-    if schedule is None:
-        return 1
-    if schedule in ("gpipe", "naive"):
-        return lever.micro_batches
-    return min(layout.pp, lever.micro_batches)
+def fused_attention_flops(model_config, layout: Layout, lever: Lever) -> float:
+    """FLOPs this rank's fused attention kernel (FlashAttention) does in a step: its forward
+    (half the scores under the causal mask) and its backward (3.5 x 0.5 of the forward's
+    attention FLOPs in all, ``step_flops``), again under full checkpointing; the busiest
+    pipeline stage's blocks. 0 on the math path (its matmuls are ordinary bmm's). ``project``
+    times them at the kernel's own rate (``hardware.GPU.flash_attention_efficiency``)."""
+    attn = attention_flops(model_config)
+    if not (lever.flash_attention and attn):
+        return 0.0
+    again = attn if lever.activation_checkpointing else 0.0
+    per_sample = (3.5 * attn + again) * 0.5
+    layers = model_config.n_layers
+    stage = math.ceil(layers / layout.pp) / layers  # the busiest stage's share of the blocks
+    return per_sample * lever.global_batch * stage / (layout.size / layout.pp)
 
 
 def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
@@ -214,10 +139,17 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
             width += sum(again)
         out[("tp", "all_reduce")] = (round(calls), width * tokens * act * m * share)
     if layout.pp > 1:
+        from labkit.plan.frameworks import framework
+
         width = getattr(model_config, "d_model", 0) or model_config.d_hidden
         # a middle stage sends activations forward and gradients backward; an end stage one
         sends = m if layout.pp == 2 else 2 * m
-        out[("pp", "send")] = (sends, sends * tokens * width * act)
+        if lever.virtual_stages > 1:  # each chunk boundary is a send, there and back
+            sends = 2 * m * lever.virtual_stages
+        # Megatron's scatter/gather (or sequence parallelism): each tp rank sends 1/tp
+        split = layout.tp if (framework(lever.framework).pp_scatter
+                              or lever.sequence_parallel) else 1
+        out[("pp", "send")] = (sends, sends * tokens * width * act / split)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
@@ -243,10 +175,23 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
     elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
-        out[("dp", "all_reduce")] = (ddp_buckets(grads), grads)
+        out[("dp", "all_reduce")] = (gradient_buckets(grads, local_params, layout.dp,
+                                                      lever.framework), grads)
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out
+
+
+def gradient_buckets(grad_bytes: float, params: float, dp: int,
+                     framework_name: str = "labkit") -> int:
+    """Collectives a step's gradient reduction issues, as the framework buckets it
+    (``labkit.plan.frameworks``): torch DDP's via ``ddp_buckets``."""
+    from labkit.plan.frameworks import framework
+
+    if framework_name == "labkit":
+        return ddp_buckets(grad_bytes)
+    bucket = framework(framework_name).bucket_bytes(params, dp, grad_bytes)
+    return max(1, math.ceil(grad_bytes / bucket))
 
 
 def ddp_buckets(grad_bytes: float) -> int:
@@ -274,14 +219,6 @@ def replace_layers(model_config, n_layers: int):
     return dataclasses.replace(model_config, n_layers=n_layers)
 
 
-def local_params(model_config, layout: Layout) -> float:
-    """Parameters one rank holds before any ZeRO sharding (split by tp and pp)."""
-    counts = sample_counts(model_config)
-    if is_decoder(model_config):
-        blocks = block_counts(model_config, layout.tp)
-        rest = counts.params - model_config.n_layers * blocks.full_params
-        per_stage = math.ceil(model_config.n_layers / layout.pp)
-        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
-                                               _head_params(model_config))
-        return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
-    return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split
+__all__ = ["Lever", "StepCosts", "_zero_stage", "attention_flops", "compute_bytes",
+           "decoder_memory", "ddp_buckets", "fused_attention_flops", "gradient_buckets",
+           "local_params", "step_comm", "step_flops"]

@@ -1,0 +1,116 @@
+"""How each training framework runs a layout, as its documentation and papers say: what the
+planner needs to know about one beside the layout (``project(..., framework=...)``).
+
+* ``dp_overlap``: whether the data-parallel gradient reduction runs during backward (buckets
+  launched as their gradients are ready) or after it, whole.
+* ``bucket_bytes(params, dp, grad_bytes)``: the bytes of one gradient bucket, as the
+  framework sizes it (each bucket is one collective and pays its latency).
+* ``tp_overlap``: whether tensor parallelism's collectives run under the matmuls that produce
+  and consume them (Megatron-Core's ``--tp-comm-overlap``, Transformer Engine's userbuffers)
+  or on the critical path.
+* ``pp_scatter``: whether a pipeline send carries 1/tp of the activation from each tp rank
+  (Megatron's scatter/gather: Narayanan et al. 2021, section 4.1; with sequence parallelism
+  the activation is sequence-split already) or the whole activation from each.
+* ``vocab_parallel``: whether the embedding and the output head are split over tp (Megatron's
+  ``VocabParallelEmbedding`` and parallel LM head; torchtitan's TP plan shards both).
+* ``attention_dropout``: whether attention's probabilities pass through dropout (Megatron's
+  GPT default ``--attention-dropout 0.1``): on the math path a mask of (heads, seq, seq) is
+  written forward and read backward, and the probabilities read and written once more.
+* ``attention_kernel``: the fused attention kernel the framework calls on GPUs: "fa2"
+  (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
+  ``hardware.GPU.flash_attention_efficiency``) or "fused" (Transformer Engine's cuDNN
+  kernels: no published rate, timed at the matmul rate).
+* ``backward_prefetch``: when FSDP issues a backward all-gather: "pre" (before the current
+  unit's gradients, overlapping them: torch FSDP1's BACKWARD_PRE; FSDP2 prefetches explicitly
+  in backward by default, pytorch PR #128884) or "post" (after them, FSDP1's BACKWARD_POST:
+  "this overlaps the current reduce-scatter and the next gradient computation", torch's
+  ``BackwardPrefetch`` docstring; the all-gather itself is waited for).
+* ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
+  keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
+  main gradients, fp32 master weights and moments: "megatron").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MiB = 2**20
+
+
+def _torch_ddp_bucket(params: float, dp: int, grad_bytes: float) -> float:
+    # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25): the documented default
+    return 25 * MiB
+
+
+def _megatron_core_bucket(params: float, dp: int, grad_bytes: float) -> float:
+    # Megatron-Core DistributedDataParallelConfig.bucket_size: None, set by the DDP wrapper
+    # to max(40,000,000, 1,000,000 x dp) parameters (megatron/core/distributed/
+    # distributed_data_parallel.py), in the gradients' bytes per parameter
+    per_param = grad_bytes / max(params, 1)
+    return max(40_000_000, 1_000_000 * dp) * per_param
+
+
+def _one_buffer(params: float, dp: int, grad_bytes: float) -> float:
+    # Megatron-LM 2021: one AllReduce of the contiguous gradient buffer after backward
+    return max(grad_bytes, 1.0)
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    dp_overlap: bool
+    bucket_bytes: Callable[[float, int, float], float]
+    tp_overlap: bool
+    pp_scatter: bool
+    vocab_parallel: bool
+    state_recipe: str
+    source: str
+    attention_dropout: bool = False
+    attention_kernel: str = "fa2"
+    backward_prefetch: str = "pre"
+
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework("labkit", True, _torch_ddp_bucket, False, False, False, "fp32-master",
+              "labkit's engines: torch DDP (25 MiB buckets, overlapped with backward), FSDP2, "
+              "DTensor TP (synchronous), torch.distributed.pipelining (whole activations)"),
+    Framework("torchtitan", True, _torch_ddp_bucket, False, False, True, "fp32-master",
+              "torchtitan: FSDP2 with fp32 sharded parameters and fp32 reduce "
+              "(mixed_precision_reduce), every block resharded after forward but the last "
+              "(parallelize_llama.apply_fsdp: gathered again in backward), TP plan sharding "
+              "embeddings and output, async TP off by default, attention through SDPA's "
+              "flash backend (FlashAttention-2)"),
+    Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
+              "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
+              "(parameters gathered in forward and again in backward), mixed_precision "
+              "DEFAULT (bf16 parameters in compute, fp32 gradient reduction, fp32 sharded "
+              "state: composer's get_mixed_precision), backward_prefetch BACKWARD_POST "
+              "(composer's default: dist_strategy.prepare_fsdp_module), attn_impl 'triton' "
+              "(FlashAttention in Triton; timed at FlashAttention-2's rate, an upper bound: "
+              "Dao 2023 measures FA2 1.3-2.5x faster than it on A100)",
+              backward_prefetch="post"),
+    Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
+              "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
+              "from one contiguous buffer; TP collectives on the critical path; "
+              "scatter/gather pipeline sends (section 4.1); attention and hidden dropout 0.1 "
+              "(the GPT defaults of megatron/arguments.py)", attention_dropout=True),
+    Framework("megatron-deepspeed", False, _one_buffer, False, False, True, "megatron",
+              "Megatron-DeepSpeed (BLOOM): Megatron's tensor parallelism and attention "
+              "dropout, DeepSpeed's pipeline engine (whole activations sent, gradients "
+              "reduced after the last micro-batch) and ZeRO-1 over bf16 weights with fp32 "
+              "gradient accumulation", attention_dropout=True),
+    Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
+              "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
+              "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
+              "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed), "
+              "Transformer Engine's fused attention", attention_kernel="fused"),
+)}
+
+
+def framework(name: str) -> Framework:
+    """The table's row ``name``; an unknown name lists the known ones."""
+    if name not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {name!r}: the planner knows "
+                         f"{', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]

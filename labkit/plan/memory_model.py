@@ -1,0 +1,150 @@
+"""The memory model: peak bytes by category on the worst rank of a decoder layout (no trace),
+and the parameters one rank holds.
+
+* Model state: ``labkit.costs.model_state_bytes``, the one count of it, with the recipe the
+  framework's mixed precision keeps (``frameworks.Framework.state_recipe``): ZeRO-3 over fsdp,
+  ZeRO-1 over dp for "zero1", or the lever's ``zero_stage`` over the dp replicas beside tp and
+  pp (Megatron's distributed optimizer, DeepSpeed's ZeRO-1/2).
+* Activations: what autograd saves per block per sample (counted for one tp rank's block) x
+  blocks on the stage x samples per micro-batch x micro-batches in flight (1; a 1F1B stage
+  holds pp, GPipe all of them). Fused attention and selective recomputation keep no
+  seq x seq scores; sequence parallelism splits the d_model-wide tensors over tp
+  (Korthikanti et al. 2022); torchtitan's op policy keeps every second matmul's output.
+* FSDP's two gathered blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
+from labkit.layout.layout import Layout
+from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
+from labkit.plan.cp_ep import ep_local_params
+from labkit.plan.frameworks import framework
+from labkit.plan.levers import Lever, compute_bytes
+
+
+def _zero_stage(layout: Layout, lever: Lever | None = None) -> tuple[int, int]:
+    """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine, or of the
+    lever's ``zero_stage`` over the dp replicas (beside tp and pp)."""
+    engine = layout.data_engine
+    if engine == "fsdp":
+        return 3, layout.fsdp
+    if engine == "zero1":
+        return 1, layout.dp
+    if lever is not None and lever.zero_stage and layout.dp > 1:
+        return lever.zero_stage, layout.dp
+    return 0, 1
+
+
+def _state_precision(precision: str, framework_name: str = "labkit") -> str:
+    """The ``model_state_bytes`` row (recipe) of the precision lever: "mixed" is the
+    framework's mixed precision (labkit, torchtitan: "fp32-master", fp32 weights, gradients
+    reduced in fp32 and moments, bf16 compute; Megatron: "megatron", bf16 weights, fp32 main
+    gradients, fp32 master and moments). The wire carries what memory holds (``step_comm``)."""
+    return framework(framework_name).state_recipe if precision == "mixed" else precision
+
+
+def _optimizer_share(row: str, optimizer: str) -> float:
+    """The part of ``model_state_bytes``'s Adam state that ``optimizer`` keeps: its moments
+    (2 for Adam, 0 for SGD) per parameter, plus the fp32 master copy of a row that has one."""
+    moment = 2 if row == "bf16" else 4
+    master = 4 if row in ("mixed", "megatron") else 0
+    adam = master + OPTIMIZER_STATE_COPIES["adam"] * moment
+    return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
+
+
+def _activation_blocks(model_config, layout: Layout, lever: Lever,
+                       flash_attention: bool) -> tuple:
+    """(block counts, bytes one block saves per sample, its input's bytes per sample) on a
+    tp rank: the seq x seq scores left out under fused attention or selective
+    recomputation, the d_model-wide tensors split over tp under sequence parallelism."""
+    no_scores = flash_attention or bool(lever.selective_recompute)
+    blocks = block_counts(model_config, layout.tp, no_scores)
+    saved, inputs = blocks.saved_bytes, blocks.input_bytes
+    if lever.selective_recompute == "op":
+        saved = op_policy_saved_bytes(model_config, layout.tp)
+    if lever.sequence_parallel and layout.tp > 1:
+        saved -= blocks.full_width_bytes * (1 - 1 / layout.tp)
+        inputs /= layout.tp
+    return blocks, saved, inputs
+
+
+def op_policy_saved_bytes(model_config, tp: int) -> float:
+    """Bytes per sample one block keeps under torchtitan's op-level selective checkpointing
+    (torchtitan/distributed/activation_checkpoint.py: save the outputs of matmuls and of
+    attention, except every second matmul; recompute the rest), counted in fp32 like
+    ``block_counts``: the odd-numbered linears' outputs, attention's output and the block's
+    input, on one tp rank."""
+    from labkit.plan.counts import local_block_linears
+
+    tokens = model_config.seq_len * 4  # bytes of one fp32 value per token
+    widths = local_block_linears(model_config, tp)
+    kept = sum(widths[0::2])
+    return tokens * (kept + model_config.d_model // tp + model_config.d_model)
+
+
+def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
+                   flash_attention: bool = True) -> dict[str, float]:
+    """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
+    blocks, saved, inputs = _activation_blocks(model_config, layout, lever, flash_attention)
+    per_stage = math.ceil(model_config.n_layers / layout.pp)
+    local = local_params(model_config, layout, lever.framework)
+    stage, shards = _zero_stage(layout, lever)
+    row = _state_precision(lever.precision, lever.framework)
+    state = model_state_bytes(local, shards, stage, row)
+    state["optimizer"] *= _optimizer_share(row, lever.optimizer)
+    micro = lever.global_batch // layout.data_size // lever.micro_batches
+    width = compute_bytes(lever.precision) / 4  # counted in fp32; bf16 saves half
+    if lever.activation_checkpointing:  # block inputs kept, one block recomputed at a time
+        in_blocks = per_stage * inputs
+        recompute = saved
+    else:
+        in_blocks, recompute = per_stage * saved, 0.0
+    rest = rest_saved_bytes(model_config)
+    if framework(lever.framework).vocab_parallel:  # the logits split over the vocabulary
+        rest /= layout.tp
+    if layout.pp == 1:
+        per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
+    else:  # the first stage holds the most micro-batches, the last the head's logits
+        first = in_blocks * _in_flight(layout, lever)
+        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
+        per_sample = max(first, last + rest) + recompute
+    activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
+    other = 0.0
+    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
+        other += 2 * blocks.params * compute_bytes(lever.precision)
+    return {"parameters": state["parameters"], "gradients": state["gradients"],
+            "optimizer": state["optimizer"], "activations": activations, "other": other}
+
+
+def _head_params(model_config) -> int:
+    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
+
+
+def _in_flight(layout: Layout, lever: Lever) -> int:
+    """Micro-batches whose activations a stage holds at once (the first stage's)."""
+    schedule = layout.pipeline_schedule
+    if schedule is None:
+        return 1
+    if schedule in ("gpipe", "naive"):
+        return lever.micro_batches
+    return min(layout.pp, lever.micro_batches)
+
+
+def local_params(model_config, layout: Layout, framework_name: str = "labkit") -> float:
+    """Parameters one rank holds before any ZeRO sharding (split by tp and pp; the embedding
+    and head split over tp too where the framework's are vocab-parallel)."""
+    counts = sample_counts(model_config)
+    if is_decoder(model_config):
+        blocks = block_counts(model_config, layout.tp)
+        rest = counts.params - model_config.n_layers * blocks.full_params
+        per_stage = math.ceil(model_config.n_layers / layout.pp)
+        # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
+        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
+                                               _head_params(model_config))
+        if framework(framework_name).vocab_parallel:
+            ends /= layout.tp
+        return ep_local_params(model_config, layout, ends + per_stage * blocks.params)
+    return counts.params / (layout.tp * layout.pp)  # approximate for the MLP's split

@@ -1,0 +1,266 @@
+"""Published large-scale trainings, rebuilt with labkit's GPT decoder at the published shape,
+layout, batch and precision, and projected beside the figure their authors published
+(``python bench/published.py`` prints them all; notebook 09 shows three).
+
+Each run names its source, the published figure in the source's own unit, how a projected
+step becomes that unit, and every assumption the rebuild makes where the source is silent or
+labkit cannot express the run exactly. Facts only: the figures are read from the papers and
+documentation named (read 2026-12-01).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.layout.layout import Layout
+from labkit.models import GPTConfig
+
+NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
+             "Clusters Using Megatron-LM', Table 1 (weak scaling, A100 80GB, Selene)")
+KORTHIKANTI = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large "
+               "Transformer Models', Table 5 (end-to-end iteration time)")
+BLOOM = ("BigScience 2022, BLOOM 176B model card and 'The BigScience 176B Model' page "
+         "(bigscience.notion.site): 384 A100 80GB, 'about 150 TFLOPs' per GPU")
+TITAN = ("torchtitan docs/performance.md (2024-12, Grand Teton: H100 96GB HBM2e at 500 W), "
+         "Tables 1 and 3 (FSDP, no torch.compile, no Float8)")
+LLAMA3 = "Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 4"
+FOUNDRY = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
+           "(MPT models, Composer FSDP FULL_SHARD, amp_bf16)")
+
+MEGATRON_TFLOPS = "TFLOP/s per GPU (Megatron's formula, recomputation counted)"
+SECONDS = "s per iteration"
+TOKENS = "tokens/s per GPU"
+COUNTED_TFLOPS = "TFLOP/s per GPU (model FLOPs, labkit's count)"
+
+# Megatron 2021/2022 runs: what every row of those tables shares
+MEGATRON_2021 = ("vocabulary 51,200 and sequence 2,048 (the paper's section 5.1)",
+                 "fp16 mixed precision run as labkit's 'mixed' (same bytes per parameter)",
+                 "no flash attention (2021: fused softmax over the full seq x seq scores)",
+                 "micro-batch size 1, the rest of a replica's batch accumulated (the table "
+                 "does not say; the paper's section 3.3 recommends small micro-batches)",
+                 "1F1B without interleaving (the table does not say which rows interleave)")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published training and how to rebuild it."""
+
+    name: str
+    source: str
+    model: GPTConfig
+    layout: Layout
+    gpu: str
+    global_batch: int
+    micro_batches: int
+    unit: str
+    published: float
+    levers: dict = field(default_factory=dict)
+    assumptions: tuple[str, ...] = ()
+    cluster: dict = field(default_factory=dict)
+
+
+def megatron_flops(model: GPTConfig, batch: int) -> float:
+    """Narayanan et al. 2021, eq. 3: FLOPs of one iteration with full recomputation,
+    96 B s l h^2 (1 + s / 6h + V / 16 l h)."""
+    b, s, layers, h, v = batch, model.seq_len, model.n_layers, model.d_model, model.vocab_size
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def gpt(d_model: int, heads: int, layers: int, vocab: int = 51200, seq: int = 2048):
+    return GPTConfig(vocab_size=vocab, seq_len=seq, d_model=d_model, n_heads=heads,
+                     n_layers=layers)
+
+
+def _narayanan() -> list[Run]:
+    # (billions, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU)
+    rows = ((1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+            (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+            (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+            (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+            (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+            (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+            (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+            (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163))
+    runs = []
+    for billions, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows:
+        dp = gpus // (tp * pp)
+        micro = batch // dp  # micro-batch size 1
+        runs.append(Run(
+            f"megatron21_{billions:g}B", NARAYANAN, gpt(hidden, heads, layers),
+            Layout(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "A100-80GB",
+            batch, micro, MEGATRON_TFLOPS, tflops,
+            dict(activation_checkpointing=True, flash_attention=False,
+                 framework="megatron-2021"),
+            MEGATRON_2021 + ("full activation recomputation (the formula's 4 forward passes)",)))
+    return runs
+
+
+def _korthikanti() -> list[Run]:
+    # (name, heads, hidden, layers, tp, pp, GPUs, batch, s full recompute, s present work)
+    rows = (("22B", 64, 6144, 48, 8, 1, 8, 4, 1.42, 1.10),
+            ("175B", 96, 12288, 96, 8, 8, 64, 64, 18.13, 13.75),
+            ("530B", 128, 20480, 105, 8, 35, 280, 280, 49.05, 37.83),
+            ("1T", 160, 25600, 128, 8, 64, 512, 512, 94.42, 71.49))
+    runs = []
+    for name, heads, hidden, layers, tp, pp, gpus, batch, full, present in rows:
+        dp = gpus // (tp * pp)
+        micro = batch // dp  # micro-batch size 1
+        layout = Layout(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None)
+        common = MEGATRON_2021[:4] + ("1F1B; the 530B and 1T interleave in the paper's "
+                                      "section 6 (not said for Table 5): taken as plain",)
+        runs.append(Run(f"korthikanti22_{name}_full", KORTHIKANTI, gpt(hidden, heads, layers),
+                        layout, "A100-80GB", batch, micro, SECONDS, full,
+                        dict(activation_checkpointing=True, flash_attention=False,
+                             framework="megatron-2021"),
+                        common + ("full recomputation, no sequence parallelism",)))
+        runs.append(Run(f"korthikanti22_{name}_sp_sel", KORTHIKANTI,
+                        gpt(hidden, heads, layers), layout, "A100-80GB", batch, micro, SECONDS,
+                        present,
+                        dict(selective_recompute=True, sequence_parallel=True,
+                             flash_attention=False, framework="megatron-2021"),
+                        common + ("sequence parallelism and selective recomputation (the "
+                                  "attention core recomputed), the paper's 'present work'",)))
+    return runs
+
+
+def _bloom() -> Run:
+    return Run(
+        "bloom_176B", BLOOM, gpt(14336, 112, 70, vocab=250880),
+        Layout(dp=8, tp=4, pp=12, schedule="1f1b"), "A100-80GB", 2048, 2048 // 8 // 2,
+        MEGATRON_TFLOPS, 150.0,
+        dict(activation_checkpointing=True, flash_attention=False, zero_stage=1,
+             framework="megatron-deepspeed"),
+        ("micro-batch size 2 (the tr11 training script)", "bf16 mixed precision, ZeRO-1 over "
+         "dp (DeepSpeed): optimizer state sharded 8 ways",
+         "ALiBi and the embedding LayerNorm left out (no parameters to speak of)",
+         "full activation recomputation; no flash attention (2022); Megatron's default "
+         "attention dropout (the script is taken not to override it)",
+         "DeepSpeed's pipeline engine: whole activations between stages, gradients reduced "
+         "after the last micro-batch",
+         "Jean Zay's network: 4 x 100 Gb/s Omni-Path per node of 8 GPUs",
+         "the published figure is 'about 150': Megatron-DeepSpeed's formula with recompute"),
+        cluster=dict(network_gbps=4 * 100 / 8))
+
+
+def _torchtitan() -> list[Run]:
+    # Llama 3.1 8B proxy: GPT blocks at width 4096; 35 blocks of 12 d^2 hold the
+    # parameters of Llama's 32 (SwiGLU 3 x 4096 x 14336, GQA 8 kv heads: 218M each)
+    model = gpt(4096, 32, 35, vocab=128256, seq=8192)
+    proxy = ("Llama 3.1 8B as GPT blocks: width 4096, 35 blocks (32 x 218M Llama block "
+             "parameters = 35 x 201M GPT block parameters, within 1%)",)
+    runs = []
+    for gpus, tps in ((8, 5762), (128, 5605)):
+        runs.append(Run(
+            f"torchtitan_8B_fsdp{gpus}", TITAN, model, Layout(fsdp=gpus, dp_kind="fsdp"),
+            "H100-96GB", 2 * gpus, 1, TOKENS, tps,
+            dict(selective_recompute="op", flash_attention=True, framework="torchtitan"),
+            proxy + ("local batch 2 of 8,192 tokens; FSDP2 bf16 parameters, fp32 reduce",
+                     "selective activation checkpointing: torchtitan's op policy (matmul and "
+                     "attention outputs kept but every second matmul's, the rest recomputed)",
+                     "SDPA flash attention", "Llama's elementwise ops (RMSNorm, SwiGLU, RoPE "
+                     "in eager mode) costed as the GPT block's (LayerNorm, GELU)")))
+    return runs
+
+
+def _foundry() -> list[Run]:
+    # (name, d_model, heads, layers, GPUs, micro-batch, accumulation, checkpointing, T/s/GPU)
+    rows = (("1b", 2048, 16, 24, 8, 14, 1, False, 45455),
+            ("3b", 2560, 20, 32, 16, 10, 3, False, 24142),
+            ("7b", 4096, 32, 32, 8, 6, 1, False, 10643),
+            ("13b", 5120, 40, 40, 8, 2, 1, False, 4792),
+            ("30b", 7168, 56, 48, 8, 3, 21, True, 2002),
+            ("70b", 8192, 64, 80, 64, 8, 4, True, 1039))
+    runs = []
+    for name, d, heads, layers, gpus, mbs, accumulation, ckpt, tps in rows:
+        runs.append(Run(
+            f"mpt_{name}_{gpus}gpu", FOUNDRY, gpt(d, heads, layers, vocab=50368),
+            Layout(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
+            accumulation, TOKENS, tps,
+            dict(activation_checkpointing=ckpt, flash_attention=True, framework="composer"),
+            ("MPT blocks as GPT blocks (4 d expansion, LayerNorm; MPT has no biases, ALiBi "
+             "and a tied head: the table's parameter counts are within 3%)",
+             "sequence 2,048; the table's micro-batch and accumulation",
+             "Composer's FSDP FULL_SHARD with DEFAULT mixed precision: bf16 parameters "
+             "gathered, fp32 reduction, fp32 sharded state (frameworks.py 'composer')",
+             "the table's runs: torch 2.1, CUDA 12.1, attn_impl 'triton' (sweep.sh and "
+             "submit_benchmarks.py of llm-foundry b2a43a1, 2023-10), low-precision LayerNorm; "
+             "activation checkpointing as the table's column")))
+    return runs
+
+
+def _llama3() -> list[Run]:
+    # Llama 3 405B proxy: 126 GPT blocks at width 16384 (12 d^2 = 3.22B; Llama's block
+    # 3.19B: SwiGLU 3 x 16384 x 53248, GQA 8 kv heads)
+    model = gpt(16384, 128, 126, vocab=128256, seq=8192)
+    runs = []
+    for gpus, dp, tflops in ((8192, 64, 430), (16384, 128, 400)):
+        runs.append(Run(
+            f"llama3_405B_{gpus}", LLAMA3, model,
+            Layout(fsdp=dp, tp=8, pp=16, schedule="1f1b", dp_kind="fsdp"), "H100",
+            2048, 2048 // dp, COUNTED_TFLOPS, tflops,
+            dict(selective_recompute=True, sequence_parallel=True, flash_attention=True,
+                 framework="megatron-core"),
+            ("Llama 3 405B as GPT blocks (width 16384, 126 blocks: parameters within 1%)",
+             "16M tokens per step: 2,048 sequences of 8,192", "micro-batch size 1",
+             "1F1B without interleaving (the paper interleaves; labkit's v is 2 at most)",
+             "selective recomputation and sequence parallelism (the paper does not say)",
+             "TFLOP/s from labkit's counted model FLOPs (the paper gives no formula)")))
+    return runs
+
+
+RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom()] + _torchtitan()
+                              + _foundry() + _llama3())
+
+
+def run(name: str) -> Run:
+    """The published run ``name`` (``RUNS``); an unknown name lists the known ones."""
+    for r in RUNS:
+        if r.name == name:
+            return r
+    raise ValueError(f"no published run {name!r}: the table has {', '.join(r.name for r in RUNS)}")
+
+
+def project_run(published: Run):
+    """``labkit.plan.project`` of the run at its published layout, batch and levers."""
+    from labkit.plan.hardware import Cluster
+    from labkit.plan.project import project
+
+    cluster = Cluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)
+    return project(published.model, published.layout, cluster,
+                   global_batch=published.global_batch, micro_batches=published.micro_batches,
+                   precision="mixed", **published.levers)
+
+
+def in_unit(published: Run, projection) -> float:
+    """The projected step in the published figure's unit."""
+    step, gpus = projection.step_s, published.layout.size
+    if published.unit == SECONDS:
+        return step
+    if published.unit == TOKENS:
+        return published.global_batch * published.model.seq_len / step / gpus
+    if published.unit == MEGATRON_TFLOPS:
+        return megatron_flops(published.model, published.global_batch) / step / gpus / 1e12
+    if published.unit == COUNTED_TFLOPS:
+        return projection.costs.model_flops / step / gpus / 1e12
+    raise ValueError(f"unknown unit {published.unit!r}")
+
+
+def error(published: Run, projected: float) -> float:
+    """Projected over published, less 1, as a throughput: a time (s per iteration) is
+    inverted, so that -10% always means 'projected 10% slower than published'."""
+    if published.unit == SECONDS:
+        return published.published / projected - 1
+    return projected / published.published - 1
+
+
+def compare(names=None) -> list[dict]:
+    """One row per published run (all, or those ``names``): published and projected in the
+    source's unit, the error, whether the layout fits, the source."""
+    rows = []
+    for r in [run(n) for n in names] if names is not None else RUNS:
+        p = project_run(r)
+        projected = in_unit(r, p)
+        rows.append({"run": r.name, "unit": r.unit, "published": r.published,
+                     "projected": projected, "error": error(r, projected), "fits": p.fits,
+                     "peak_gb": p.peak_bytes / 1e9, "split": p.split(), "source": r.source})
+    return rows

@@ -1,0 +1,54 @@
+"""Memory-bound traffic: the bytes a step's bandwidth-bound ops move on one rank (embedding
+lookups, norms, elementwise ops, attention's math path or fused kernel, dropout, the
+optimizer's passes), charged at the memory bandwidth by ``project``."""
+
+from __future__ import annotations
+
+from labkit.layout.layout import Layout
+from labkit.plan.counts import is_decoder, optimizer_counts, sample_counts
+from labkit.plan.frameworks import framework
+from labkit.plan.levers import Lever, compute_bytes
+
+
+def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
+                       parameter_bytes: float) -> float:
+    """Bytes the step's bandwidth-bound ops move on one rank: embedding lookups, the other
+    non-matmul ops (counted in fp32: a bf16 step moves about half), attention's, and the
+    optimizer's passes over its state (counted on its ops).
+
+    Attention: the math path writes and reads the seq x seq scores (counted on meta); a fused
+    kernel (FlashAttention) reads q, k, v and writes its output forward, and reads q, k, v,
+    the output and its gradient and writes three gradients backward (Dao et al. 2022): 12
+    tensors of (seq, d_model) per layer. Recomputation repeats the forward's share: a third
+    of a step's traffic (backward costs about twice forward: Kaplan et al. 2020), the whole
+    blocks' under full checkpointing, the scores' under selective recomputation."""
+    counts = sample_counts(model_config)
+    samples_here = lever.global_batch / layout.data_size
+    width = compute_bytes(lever.precision) / 4
+    if lever.flash_attention and is_decoder(model_config):
+        attention = 12.0 * 4 * model_config.n_layers * model_config.seq_len * model_config.d_model
+    else:
+        attention = counts.attention_bytes + dropout_bytes(model_config, lever)
+    other = counts.other_bytes + attention
+    if lever.activation_checkpointing:
+        other += (counts.other_bytes + attention) / 3
+    elif lever.selective_recompute == "op":  # every op but the matmuls and attention again
+        other += counts.other_bytes / 3
+    elif lever.selective_recompute and not lever.flash_attention:
+        other += attention / 3
+    per_rank = ((counts.lookup_bytes + other * width) * samples_here / (layout.tp * layout.pp)
+                + counts.table_bytes)
+    return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes
+
+
+def dropout_bytes(model_config, lever: Lever) -> float:
+    """Bytes attention dropout moves per sample on the math path, counted in fp32 like the
+    rest (``memory_bound_bytes`` scales them to the compute dtype): forward reads the
+    probabilities and writes them and a one-byte mask, backward reads the gradient and the mask
+    and writes the gradient (heads x seq x seq values each time, every layer)."""
+    if not (is_decoder(model_config) and framework(lever.framework).attention_dropout):
+        return 0.0
+    scores = model_config.n_layers * model_config.n_heads * model_config.seq_len ** 2
+    width = compute_bytes(lever.precision)
+    per_value = (2 * width + 1 + width + 1 + width) * 4 / width  # in fp32-counted bytes
+    return scores * per_value
