@@ -58,7 +58,7 @@ def test_each_start_ends_at_its_own_loss(nb):
 def test_the_small_runs_spend_much_of_their_steps_averaging_the_gradient(nb):
     n = nb.results["world_size"]
     split = nb.results["parity_split"][f"ddp, {n} devices"]  # the explorer opens on it
-    assert split["comm_s"] > 0.15 * split["step_s"]
+    assert split["comm_s"] > 0.1 * split["step_s"]  # "much": a tenth or more (~30% quiet)
 
 
 def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
@@ -165,6 +165,5 @@ def test_weak_scaling_stays_above_strong_scaling(nb):
     results = nb.results
     n, batch = str(results["world_size"]), results["weak_batch"]
     assert results["strong"][n] == pytest.approx(_walk(results)[batch]["speedup"])
-    assert results["strong"][n] < 1.3  # where strong scaling no longer paid
-    assert results["weak"][n] > results["strong"][n] + 0.1
-    assert results["weak"][n] > 1.0  # more samples per second than one device
+    assert results["strong"][n] < 1.0  # "where strong scaling no longer paid"
+    assert results["weak"][n] > results["strong"][n] + 0.1  # "its line stays above"
