@@ -72,7 +72,7 @@ def test_a_decoders_projection_starts_at_the_sustained_matmul_rate_costs_come_on
         assert row["fits"] and 0.3 < row["mfu"] < sustained, name
 
 
-def test_three_megatron_runs_projected_within_25_percent_the_fsdp_run_projected_faster(nb):
+def test_three_megatron_style_runs_within_25_percent_the_fsdp_run_projected_faster(nb):
     rows = {row["run"]: row for row in nb.results["published"]}
     assert len(rows) == 4 and all(row["fits"] for row in rows.values())
     fsdp = rows.pop("torchtitan_8B_fsdp8")
