@@ -3,9 +3,10 @@
 A ``CheckResult`` shows itself in a notebook as a coloured box, and carries a machine-readable
 copy (``MIME_TYPE``) in the same output, which the test suite reads back from the notebooks it
 executes (``python -m labkit grade`` never trusts it: its checker computes every verdict
-itself, ``labkit/classroom/checker.py``). It never raises by itself, so a learner's "Run All" reaches the end of the
-notebook; the instructor's version of a check cell calls ``assert_passed()`` in a hidden-test
-region (nbgrader's convention), which is stripped from the learners' notebooks.
+itself, ``labkit/classroom/checker.py``). It never raises by itself, so a learner's "Run All"
+reaches the end of the notebook; the instructor's version of a check cell calls
+``assert_passed()`` in a hidden-test region (nbgrader's convention), which is stripped from
+the learners' notebooks.
 """
 
 from __future__ import annotations
