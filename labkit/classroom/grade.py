@@ -161,10 +161,17 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     """Grade one submission (see the module's docstring); never raises for the notebook's own
     faults (they become the row's status)."""
     result, start = Submission(Path(path)), time.monotonic()
+    if Path(path).is_symlink() or not Path(path).is_file():
+        # read as the grader, a link could point at any of its files (/etc/shadow as root)
+        result.status = "unreadable"
+        result.detail = "not a regular file (a symbolic link, a device or a folder): not read"
+        return result
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is a row, not a crash
-        result.status, result.detail = "unreadable", f"{type(exc).__name__}: {exc}"
+        # the type only: nbformat's messages quote the file's content
+        result.status = "unreadable"
+        result.detail = f"{type(exc).__name__}: the file is not a notebook nbformat can read"
         return result
     found = (find_source(Path(path), notebook, source_dir)
              if source_dir is not None and any(Path(source_dir).glob("*.ipynb")) else None)
