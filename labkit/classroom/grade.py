@@ -24,6 +24,7 @@ whatever it started is killed when it ends.
 from __future__ import annotations
 
 import csv
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.check.result import MIME_TYPE
+from labkit.classroom import verdicts
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
@@ -245,12 +247,21 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         return result
 
     paths = submissions(paths, echo)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    verdicts.resume()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         results = list(pool.map(one, paths))
+    except BaseException:  # Ctrl-C: stop the sandboxes running now, start no other
+        verdicts.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     rows = [r.row() for r in results]
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(out, "w", newline="") as f:
+    partial = Path(f"{out}.partial")  # never a half-written grades file, even if killed
+    with open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(partial, out)
     return results
