@@ -177,3 +177,12 @@ def test_a_link_or_a_non_notebook_is_a_row_that_quotes_nothing_of_the_file(tmp_p
         assert result.status == "unreadable", result
         assert "SECRETHASH" not in result.detail, result.detail
     assert "symbolic link" in grade_submission(tmp_path / "linked.ipynb", QUIZZES, None).detail
+
+
+def test_a_file_name_like_a_formula_reaches_the_grades_file_as_text(tmp_path):
+    from labkit.classroom.grade import grade
+
+    (tmp_path / '=HYPERLINK("evil", "ok").ipynb').write_text("not json")
+    grade([tmp_path], tmp_path / "grades.csv", source_dir=REPO / "course", echo=lambda _: None)
+    row = next(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert row["notebook"] == "'=HYPERLINK(\"evil\", \"ok\")", row

@@ -199,6 +199,14 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     return result
 
 
+def _cell_text(value):
+    """A CSV cell a spreadsheet shows as text: a learner's file name or message that starts
+    like a formula (``=HYPERLINK(...)``) is prefixed with an apostrophe (OWASP's advice)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def submissions(paths, echo=print) -> list[Path]:
     """``paths`` with each folder replaced by the notebooks under it (sorted; Jupyter's
     checkpoints left out). Raises ``FileNotFoundError`` if that leaves none."""
@@ -256,7 +264,7 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    rows = [r.row() for r in results]
+    rows = [{key: _cell_text(value) for key, value in r.row().items()} for r in results]
     columns = list(dict.fromkeys(key for row in rows for key in row))
     partial = Path(f"{out}.partial")  # never a half-written grades file, even if killed
     with open(partial, "w", newline="") as f:
