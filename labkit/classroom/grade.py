@@ -34,6 +34,7 @@ import nbformat
 
 from labkit.check.result import MIME_TYPE
 from labkit.classroom import verdicts
+from labkit.classroom.answers import review_notes
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
@@ -131,11 +132,13 @@ class Submission:
     exercises: list = field(default_factory=list)
     quizzes: dict = field(default_factory=dict)
     seconds: float = 0.0
+    review: str = ""  # what in its answer cells an instructor should read (review_notes)
 
     def row(self) -> dict:
         row = {"submission": str(self.path), "notebook": self.path.stem,
                "graded_as": self.course, "status": self.status,
-               "detail": self.detail, "seconds": f"{self.seconds:.1f}",
+               "detail": self.detail, "review": self.review,
+               "seconds": f"{self.seconds:.1f}",
                "points": sum(e["earned"] for e in self.exercises),
                "max_points": sum(e["points"] for e in self.exercises)}
         row.update({f"exercise:{e['grade_id']}": e["status"] for e in self.exercises})
@@ -186,6 +189,9 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     source = nbformat.read(found, as_version=4)
     result.course = found.stem
     cells = checker_cells(source, notebook, parameters)
+    result.review = "; ".join(
+        f"cell {cell['position']} uses {', '.join(found)}" for cell in cells
+        if cell["kind"] == "answer" and (found := review_notes(cell["source"])))
     hidden = [cell.pop("hidden") for cell in cells if "hidden" in cell]
     spec = {"cells": cells, "cell_timeout": cell_timeout}
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
