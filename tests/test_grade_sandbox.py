@@ -174,3 +174,27 @@ def _checkers(pid: int) -> list:
         except psutil.Error:
             pass
     return found
+
+
+def test_cgroups_left_by_a_killed_grader_are_removed_and_live_ones_kept():
+    from labkit.classroom import cgroup
+
+    if not cgroup.usable():
+        pytest.skip("no writable cgroup here")
+    import subprocess
+    import time
+
+    left, live = cgroup.Cgroup(sandbox.Limits()), cgroup.Cgroup(sandbox.Limits())
+    sleeper = subprocess.Popen(live.join_command() + ["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not live.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cgroup.remove_stale(min_age=0) == len(left.dirs)
+        assert not any(d.exists() for d in left.dirs) and all(d.exists() for d in live.dirs)
+        assert cgroup.remove_stale() == 0  # none older than a minute
+    finally:
+        sleeper.kill()
+        sleeper.wait()  # reaped, so that the cgroup empties
+        live.kill()
+        left.kill()

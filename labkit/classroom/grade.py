@@ -33,6 +33,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.check.result import MIME_TYPE
+from labkit.classroom import cgroup as cgroups
 from labkit.classroom import verdicts
 from labkit.classroom.answers import review_notes
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
@@ -262,6 +263,8 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
 
     paths = submissions(paths, echo)
     verdicts.resume()
+    if sandboxed and cgroups.usable():
+        cgroups.remove_stale()  # left by a grader killed with SIGKILL
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         results = list(pool.map(one, paths))
