@@ -79,6 +79,10 @@ def _grade(args) -> int:
     except SandboxError as error:
         print(error, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the running submissions were stopped; {args.out} was not "
+              "written", file=sys.stderr)
+        return 130
     print(f"wrote {args.out}")
     return 0
 

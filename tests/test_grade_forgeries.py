@@ -134,9 +134,46 @@ def test_forgeries_earn_nothing_and_honest_work_earns_every_point(tmp_path):
         assert rows[name]["exercise:ring_all_reduce_check"] == "failed", (name, rows[name])
         assert rows[name]["status"] == "graded", (name, rows[name]["detail"])
     assert "nothing was added" in rows["wrong"]["detail"]
+    assert not rows["correct"]["review"] and not rows["wrong"]["review"]
+    assert "labkit.check" in rows["patch_check"]["review"], rows["patch_check"]
     assert not written, f"a submission wrote {written}"
     # the saved score, first_right and expected values count for nothing: one first answer
     # is right, and the measured question is scored against the grader's own run
     assert rows["patch_check"]["quiz:00_your_cluster"] == "1/4"
     assert rows["reads_course"]["quiz:00_your_cluster"] == "0/4"
     assert "does not parse" in rows["reads_course"]["detail"]
+
+
+# Two forgeries the sandbox cannot stop (each earned 3 of 3 points in a review): the checks
+# measure on the ranks, in the learner's process. The grader flags them for a human instead.
+PREDICTS = """import torch, torch.distributed as dist
+from labkit.check.ring import _data
+def ring_all_reduce(ctx, tensor):
+    n, r, chunk = ctx.world_size, ctx.rank, torch.zeros(tensor.numel() // ctx.world_size)
+    for _ in range(2 * (n - 1)):  # chunk-sized sends of nothing, for the byte count
+        dist.send(chunk, (r + 1) % n) if r % 2 == 0 else dist.recv(chunk, (r - 1) % n)
+        dist.recv(chunk, (r - 1) % n) if r % 2 == 0 else dist.send(chunk, (r + 1) % n)
+    return sum(_data(k, n) for k in range(n))  # the check's inputs, from labkit's code
+"""
+PATCHES_COUNTERS = """import torch.distributed as dist
+from labkit import check
+def ring_all_reduce(ctx, tensor):
+    dist.all_reduce(tensor)
+    n, size = ctx.world_size, tensor.nbytes
+    check.wire.Traffic.to_dict = lambda self: {"sent_bytes": 2 * (n - 1) * size // n,
+        "largest_send": size // n, "collectives": {}}
+    return tensor
+"""
+
+
+def test_answers_that_reach_into_the_checks_are_flagged_for_review():
+    from labkit.classroom.answers import review_notes
+    from tests.exercises import answer_source
+
+    assert "labkit.check" in review_notes(PREDICTS)
+    assert review_notes(PATCHES_COUNTERS)
+    assert review_notes("import gc\nf = sys._getframe(1).f_locals") == ["gc", "_getframe",
+                                                                          "f_locals"]
+    for notebook, answer in [("00_your_cluster", "ring_all_reduce_answer"),
+                             ("04_tensor_parallel", "tensor_parallel_linears_answer")]:
+        assert review_notes(answer_source(notebook, answer)) == [], notebook

@@ -115,3 +115,79 @@ def test_without_a_sandbox_grading_refuses_unless_told(tmp_path, monkeypatch):
         sandbox.problem.cache_clear()
     assert not (tmp_path / "grades.csv").exists()
     assert os.environ["PATH"] == str(tmp_path)
+
+
+SLEEPS = """import time
+def ring_all_reduce(ctx, tensor):
+    time.sleep(600)
+"""
+
+
+def test_an_interrupted_grader_stops_every_sandbox_at_once(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "submissions"
+    for n in range(3):
+        submission(folder / f"sleeps_{n}.ipynb", SLEEPS)
+    cgroups = _cgroups()
+    grader = subprocess.Popen(
+        [sys.executable, "-m", "labkit", "grade", str(folder), "--out", str(tmp_path / "g.csv"),
+         "--source", str(REPO / "course"), "--parameters", SMOKE, "--cell-timeout", "300",
+         "--timeout", "600", "--jobs", "2"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_checkers(grader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(_checkers(grader.pid)) == 2, "the two sandboxes never started"
+        time.sleep(3)  # their ranks sleeping now
+        grader.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        _, stderr = grader.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+            grader.wait()
+    assert took < 10, f"the grader went on for {took:.0f} s after Ctrl-C"
+    assert grader.returncode == 130 and "interrupted" in stderr, (grader.returncode, stderr)
+    assert not (tmp_path / "g.csv").exists()
+    assert not descendants() and _cgroups() <= cgroups
+
+
+def _checkers(pid: int) -> list:
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            checker = ["-m", "labkit.classroom.checker"]
+            if child.cmdline()[1:3] == checker and child.parent().cmdline()[1:3] != checker:
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_cgroups_left_by_a_killed_grader_are_removed_and_live_ones_kept():
+    from labkit.classroom import cgroup
+
+    if not cgroup.usable():
+        pytest.skip("no writable cgroup here")
+    import subprocess
+    import time
+
+    left, live = cgroup.Cgroup(sandbox.Limits()), cgroup.Cgroup(sandbox.Limits())
+    sleeper = subprocess.Popen(live.join_command() + ["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not live.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cgroup.remove_stale(min_age=0) == len(left.dirs)
+        assert not any(d.exists() for d in left.dirs) and all(d.exists() for d in live.dirs)
+        assert cgroup.remove_stale() == 0  # none older than a minute
+    finally:
+        sleeper.kill()
+        sleeper.wait()  # reaped, so that the cgroup empties
+        live.kill()
+        left.kill()

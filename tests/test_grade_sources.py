@@ -165,3 +165,24 @@ def test_malformed_quiz_records_score_nothing_and_folders_are_expanded(tmp_path)
                        said.append) == [tmp_path / "a" / "x.ipynb", tmp_path / "b.ipynb"]
     assert said == [f"{tmp_path / 'empty'}: a folder with no notebook in it"]
     assert main(["grade", str(tmp_path / "empty"), "--out", str(tmp_path / "g.csv")]) == 1
+
+
+def test_a_link_or_a_non_notebook_is_a_row_that_quotes_nothing_of_the_file(tmp_path):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    (tmp_path / "linked.ipynb").symlink_to(secret)  # a learner's repository may hold links
+    (tmp_path / "garbage.ipynb").write_text("SECRETHASH, not json")
+    for name in ("linked", "garbage"):
+        result = grade_submission(tmp_path / f"{name}.ipynb", QUIZZES, REPO / "course")
+        assert result.status == "unreadable", result
+        assert "SECRETHASH" not in result.detail, result.detail
+    assert "symbolic link" in grade_submission(tmp_path / "linked.ipynb", QUIZZES, None).detail
+
+
+def test_a_file_name_like_a_formula_reaches_the_grades_file_as_text(tmp_path):
+    from labkit.classroom.grade import grade
+
+    (tmp_path / '=HYPERLINK("evil", "ok").ipynb').write_text("not json")
+    grade([tmp_path], tmp_path / "grades.csv", source_dir=REPO / "course", echo=lambda _: None)
+    row = next(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert row["notebook"] == "'=HYPERLINK(\"evil\", \"ok\")", row

@@ -43,10 +43,7 @@ class Cgroup:
                        {"memory.limit_in_bytes": limits.memory_bytes})
 
     def _make(self, root: Path, controller: str, values: dict) -> None:
-        own = next((line.split(":", 2)[2] for line in
-                    Path("/proc/self/cgroup").read_text().splitlines()
-                    if line.split(":", 2)[1] == controller), "/")
-        path = root / own.lstrip("/") / self.name
+        path = _own(root, controller) / self.name
         path.mkdir()
         self.dirs.append(path)
         for key, value in values.items():
@@ -96,9 +93,39 @@ class Cgroup:
                 try:
                     d.rmdir()
                     break
+                except FileNotFoundError:  # removed already (remove_stale)
+                    break
                 except OSError:
                     time.sleep(0.05)
         return len(killed)
+
+
+def _own(root: Path, controller: str) -> Path:
+    """This process's cgroup in the hierarchy at ``root`` (``controller``: "" for v2)."""
+    own = next((line.split(":", 2)[2] for line in
+                Path("/proc/self/cgroup").read_text().splitlines()
+                if line.split(":", 2)[1] == controller), "/")
+    return root / own.lstrip("/")
+
+
+def remove_stale(min_age: float = 60.0) -> int:
+    """Remove the empty submission cgroups a grader killed with SIGKILL left below this
+    process's cgroup (older than ``min_age`` seconds: one being set up now is younger, and
+    one in use has processes, which ``rmdir`` refuses to remove). How many were removed."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        places = [_own(CGROUP_ROOT, "")]
+    else:
+        places = [_own(CGROUP_ROOT / c, c) for c in ("pids", "memory")]
+    removed = 0
+    for place in places:
+        for path in place.glob("labkit-grade-*"):
+            try:
+                if time.time() - path.stat().st_mtime >= min_age:
+                    path.rmdir()
+                    removed += 1
+            except OSError:
+                pass
+    return removed
 
 
 def _read_int(path: Path) -> int:

@@ -24,6 +24,7 @@ whatever it started is killed when it ends.
 from __future__ import annotations
 
 import csv
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ from pathlib import Path
 import nbformat
 
 from labkit.check.result import MIME_TYPE
+from labkit.classroom import cgroup as cgroups
+from labkit.classroom import verdicts
+from labkit.classroom.answers import review_notes
 from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
@@ -129,11 +133,13 @@ class Submission:
     exercises: list = field(default_factory=list)
     quizzes: dict = field(default_factory=dict)
     seconds: float = 0.0
+    review: str = ""  # what in its answer cells an instructor should read (review_notes)
 
     def row(self) -> dict:
         row = {"submission": str(self.path), "notebook": self.path.stem,
                "graded_as": self.course, "status": self.status,
-               "detail": self.detail, "seconds": f"{self.seconds:.1f}",
+               "detail": self.detail, "review": self.review,
+               "seconds": f"{self.seconds:.1f}",
                "points": sum(e["earned"] for e in self.exercises),
                "max_points": sum(e["points"] for e in self.exercises)}
         row.update({f"exercise:{e['grade_id']}": e["status"] for e in self.exercises})
@@ -161,10 +167,17 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     """Grade one submission (see the module's docstring); never raises for the notebook's own
     faults (they become the row's status)."""
     result, start = Submission(Path(path)), time.monotonic()
+    if Path(path).is_symlink() or not Path(path).is_file():
+        # read as the grader, a link could point at any of its files (/etc/shadow as root)
+        result.status = "unreadable"
+        result.detail = "not a regular file (a symbolic link, a device or a folder): not read"
+        return result
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is a row, not a crash
-        result.status, result.detail = "unreadable", f"{type(exc).__name__}: {exc}"
+        # the type only: nbformat's messages quote the file's content
+        result.status = "unreadable"
+        result.detail = f"{type(exc).__name__}: the file is not a notebook nbformat can read"
         return result
     found = (find_source(Path(path), notebook, source_dir)
              if source_dir is not None and any(Path(source_dir).glob("*.ipynb")) else None)
@@ -177,6 +190,9 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     source = nbformat.read(found, as_version=4)
     result.course = found.stem
     cells = checker_cells(source, notebook, parameters)
+    result.review = "; ".join(
+        f"cell {cell['position']} uses {', '.join(found)}" for cell in cells
+        if cell["kind"] == "answer" and (found := review_notes(cell["source"])))
     hidden = [cell.pop("hidden") for cell in cells if "hidden" in cell]
     spec = {"cells": cells, "cell_timeout": cell_timeout}
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
@@ -188,6 +204,14 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     result.detail = _detail(findings, result.exercises, notes)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _cell_text(value):
+    """A CSV cell a spreadsheet shows as text: a learner's file name or message that starts
+    like a formula (``=HYPERLINK(...)``) is prefixed with an apostrophe (OWASP's advice)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def submissions(paths, echo=print) -> list[Path]:
@@ -238,12 +262,23 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         return result
 
     paths = submissions(paths, echo)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    verdicts.resume()
+    if sandboxed and cgroups.usable():
+        cgroups.remove_stale()  # left by a grader killed with SIGKILL
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
         results = list(pool.map(one, paths))
-    rows = [r.row() for r in results]
+    except BaseException:  # Ctrl-C: stop the sandboxes running now, start no other
+        verdicts.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    rows = [{key: _cell_text(value) for key, value in r.row().items()} for r in results]
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(out, "w", newline="") as f:
+    partial = Path(f"{out}.partial")  # never a half-written grades file, even if killed
+    with open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(partial, out)
     return results

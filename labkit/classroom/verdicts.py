@@ -24,6 +24,28 @@ from labkit.classroom import cgroup as cgroups
 from labkit.classroom.sandbox import Limits, command
 
 REAPER = Path(__file__).resolve().with_name("reaper.py")
+_LIVE: set = set()  # the checkers running now (their Popen), for stop_all
+_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+class Stopped(Exception):
+    """The grading was interrupted (``stop_all``): no checker is started any more."""
+
+
+def stop_all() -> None:
+    """Kill every checker running now and start no other (the grader was interrupted):
+    each ``run_checker`` then cleans up its sandbox, cgroup included, and returns."""
+    _STOPPING.set()
+    with _LOCK:
+        live = list(_LIVE)
+    for process in live:
+        _kill_tree(process.pid)
+
+
+def resume() -> None:
+    """Allow checkers again (a new ``grade`` call, after an interrupted one)."""
+    _STOPPING.clear()
 
 
 @dataclass
@@ -126,10 +148,14 @@ def run_checker(job: Path, hidden: list[str], timeout: float, sandboxed: bool = 
     log = _Tail()
     process = None
     try:
-        process = subprocess.Popen(
-            _command(job, spec_path, (write_end, hidden_read), sandboxed, limits, cgroup),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            pass_fds=[write_end, hidden_read], cwd=work, start_new_session=True)
+        with _LOCK:
+            if _STOPPING.is_set():
+                raise Stopped("the grading was interrupted")
+            process = subprocess.Popen(
+                _command(job, spec_path, (write_end, hidden_read), sandboxed, limits, cgroup),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=[write_end, hidden_read], cwd=work, start_new_session=True)
+            _LIVE.add(process)
         log.follow(process.stdout)
         reader.start()
         sender.start()
@@ -149,7 +175,12 @@ def run_checker(job: Path, hidden: list[str], timeout: float, sandboxed: bool = 
         if process is not None:
             _kill_tree(process.pid)
             process.wait()
-        reader.join(timeout=10)
+            with _LOCK:
+                _LIVE.discard(process)
+        if reader.ident:
+            reader.join(timeout=10)
+        else:  # never started (interrupted, or the sandbox could not start)
+            os.close(read_end)
     if findings.ending == "died":
         errors = [line for line in log.text().splitlines() if "Error" in line][-1:]
         findings.detail = ("the grader's run stopped before it finished (its checker was "
