@@ -45,11 +45,13 @@ def test_small_messages_move_far_fewer_bytes_per_second_than_large_ones(busbw):
     assert busbw[smallest] < 0.2 * max(busbw.values()), busbw
 
 
-def test_past_a_few_mib_the_rate_stops_growing(busbw):
-    """From 4 MiB to the largest size (16x the bytes) the rate gains less than half again."""
-    large = {mib: bw for mib, bw in busbw.items() if mib >= 4}
-    assert len(large) >= 2, busbw
-    assert max(large.values()) < 1.5 * large[min(large)], busbw
+def test_at_the_largest_sizes_the_rate_stops_growing(busbw):
+    """The largest message (4x the bytes of the one before it) moves hardly more bytes per
+    second: less than a fifth more, where the small sizes gain several times per step. Where
+    past a few MiB the peak falls (4 or 16 MiB) varies from run to run on CPU ranks."""
+    sizes = sorted(busbw)
+    assert len(sizes) >= 3 and sizes[-1] >= 4 * sizes[-2], busbw
+    assert busbw[sizes[-1]] < 1.2 * busbw[sizes[-2]], busbw
 
 
 def test_labkit_raises_rank_error_with_the_failing_ranks_own_traceback(nb):
