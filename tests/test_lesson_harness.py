@@ -48,6 +48,7 @@ def test_the_executed_lessons_folder_goes_at_exit_unless_a_lesson_failed(tmp_pat
             "assert not list(pathlib.Path(tempfile.gettempdir()).glob('labkit-lessons-*'))\n"
             "w = L._work()\n(w / 'a.ipynb').write_text('{}')\nprint(w)")
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(REPO))
+    env.pop(lessons.KEEP_ENV, None)  # a kept folder is the other case
     work = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True,
                           capture_output=True, text=True, timeout=300).stdout.strip()
     assert work.startswith(str(tmp_path)) and not Path(work).exists()
