@@ -191,3 +191,22 @@ def test_cgroups_left_by_a_killed_grader_are_removed_and_live_ones_kept():
         sleeper.wait()  # reaped, so that the cgroup empties
         live.kill()
         left.kill()
+
+
+def test_a_python_installed_under_tmp_is_there_inside_the_sandbox(tmp_path, monkeypatch):
+    """A checkout (and its venv) under /tmp, as CI's may be: the sandbox's fresh /tmp must not
+    cover the Python it runs, and stays writable."""
+    import subprocess
+
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    (prefix / "marker").write_text("the python's files\n")
+    paths = sandbox._python_paths()
+    monkeypatch.setattr(sandbox, "_python_paths", lambda: [*paths, str(prefix)])
+    job = tmp_path / "job"
+    job.mkdir()
+    script = f"cat {prefix}/marker && touch /tmp/written && echo writable"
+    argv = sandbox.command(["/bin/sh", "-c", script], job, sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.stdout.split("\n")[:2] == ["the python's files", "writable"], result.stderr
+    assert not (Path("/tmp") / "written").exists()

@@ -102,16 +102,19 @@ def bwrap_arguments(job: Path, limits: Limits, uid: int | None) -> list[str]:
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
             "--new-session", "--clearenv"]
+    # the fresh file systems first: a later mount covers what lies below it, so a Python
+    # installed under /tmp (a checkout there, its venv) is bound on top of the new /tmp
+    scratch = ("/proc", "/dev", "/tmp", "/dev/shm")
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm"]
     mounts = _mounts(job)
     parents = {str(a) for _, _, dest in mounts for a in Path(dest).parents if str(a) != "/"}
-    for parent in sorted(parents - {dest for _, _, dest in mounts}, key=len):
+    for parent in sorted(parents - {dest for _, _, dest in mounts} - set(scratch), key=len):
         args += ["--perms", "0755", "--dir", parent]  # bwrap would make them 0700
     for option, source, dest in mounts:
         args += [option, source, dest]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm",
-             "--chdir", "/tmp"]
+    args += ["--chdir", "/tmp"]
     environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp",
                    "LANG": "C.UTF-8", "LABKIT_GRADING": "1", "MPLBACKEND": "Agg",
                    "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
