@@ -161,7 +161,7 @@ SMOKE = {
                                  "boundary_sizes": [2e5, 6e5, 1.5e6]},
     "06_recommender_at_scale": {"world_size": 2, "rows_per_table": 4000,
                                 "memory_per_device": "6MiB", "global_batch": 256, "steps": 20,
-                                "epoch_samples": 100_000, "rows_options": [2000, 4000],
+                                "epoch_samples": 100_000, "rows_options": [2000, 4000, 6000],
                                 "gpu_options": [1, 2]},
     "07_putting_it_together": {"world_size": 4, "d_hidden": 512, "n_layers": 4,
                                "global_batch": 64, "memory_per_device": "8MiB", "steps": 3},
