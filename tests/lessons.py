@@ -22,7 +22,6 @@ drives the learners' copies in JupyterLab and needs them quick.
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import re
@@ -42,7 +41,9 @@ COURSE = REPO / "course"
 STEMS = sorted(p.stem for p in COURSE.glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
 _WORK: Path | None = None  # made when a lesson first runs; removed at exit unless one failed
+_OWNER: int | None = None  # the process that made it: a forked rank inherits the atexit hook
 _FAILED: set[str] = set()
+_RUNS: dict[str, Lesson | str] = {}  # stem -> the executed lesson, or why it failed
 
 
 KEEP_ENV = "LABKIT_LESSONS_DIR"  # set: the executed lessons are written there and kept
@@ -50,8 +51,9 @@ KEEP_ENV = "LABKIT_LESSONS_DIR"  # set: the executed lessons are written there a
 
 def _work() -> Path:
     """The session's folder of executed lessons (made on first use)."""
-    global _WORK
+    global _WORK, _OWNER
     if _WORK is None:
+        _OWNER = os.getpid()
         if os.environ.get(KEEP_ENV):
             _WORK = Path(os.environ[KEEP_ENV])
             _WORK.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,7 @@ def _work() -> Path:
 
 def _clean() -> None:
     """At exit: the executed lessons go, unless one failed (its report names the folder)."""
-    if _WORK is not None and not _FAILED:
+    if _WORK is not None and not _FAILED and os.getpid() == _OWNER:
         shutil.rmtree(_WORK, ignore_errors=True)
 
 
@@ -95,8 +97,14 @@ def _failure_report(stem: str, executed: Path, error) -> str:
             f"executed notebook kept at {executed}")
 
 
-@functools.cache
 def _execute(stem: str) -> Lesson | str:
+    """The lesson run once per session (every later call answers from ``_RUNS``)."""
+    if stem not in _RUNS:
+        _RUNS[stem] = _run(stem)
+    return _RUNS[stem]
+
+
+def _run(stem: str) -> Lesson | str:
     import papermill
 
     source = COURSE / f"{stem}.ipynb"

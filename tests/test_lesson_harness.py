@@ -35,7 +35,7 @@ def test_a_lesson_past_its_cell_time_runs_once_and_is_reported(tmp_path, monkeyp
         first = lessons._execute("zz_hangs")
         again = lessons._execute("zz_hangs")  # every test of the lesson asks
     finally:
-        lessons._execute.cache_clear()
+        lessons._RUNS.pop("zz_hangs", None)  # the session's real lessons stay cached
         lessons._FAILED.discard("zz_hangs")
     assert isinstance(first, str) and "zz_hangs did not finish" in first, first
     assert "CellTimeoutError" in first and "time.sleep(60)" in first
@@ -106,3 +106,25 @@ def test_a_warning_in_any_case_reaches_the_check():
         assert test_notebooks.warnings_shown(nb), text
     quiet = _executed("run()", nbformat.v4.new_output("stream", name="stderr", text="12%\n"))
     assert not test_notebooks.warnings_shown(quiet)
+
+
+def test_a_forked_process_leaves_the_sessions_folder(tmp_path, monkeypatch):
+    """A rank forked from the test process inherits the atexit hook: only the process that
+    made the folder removes it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(lessons, "_WORK", work)
+    monkeypatch.setattr(lessons, "_OWNER", os.getpid())
+    monkeypatch.setattr(lessons, "_FAILED", set())
+    child = os.fork()
+    if child == 0:
+        lessons._clean()
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert work.is_dir()
+
+
+def test_the_hung_lesson_test_keeps_the_sessions_other_lessons(tmp_path, monkeypatch):
+    monkeypatch.setitem(lessons._RUNS, "00_kept", "a cached outcome")
+    test_a_lesson_past_its_cell_time_runs_once_and_is_reported(tmp_path, monkeypatch)
+    assert lessons._execute("00_kept") == "a cached outcome"  # not run again
