@@ -139,6 +139,30 @@ def _run(stem: str) -> Lesson | str:
                   json.loads(results.read_text()), seconds)
 
 
+def lesson_fixture(stem: str):
+    """A module-scoped fixture of ``lesson(stem)``: ``nb = lesson_fixture("02_data_parallel")``
+    at the top of a claims file gives each test there the executed lesson as ``nb``."""
+
+    @pytest.fixture(scope="module")
+    def nb() -> Lesson:
+        return lesson(stem)
+
+    return nb
+
+
+def assert_out_of_one_device_by_half_again(results: dict) -> None:
+    """A lesson's one-device run ran out of memory, and with the cap lifted it peaked at
+    1.5x the cap or more (what it records as ``single_oom``, ``one_device_peak``)."""
+    assert results["single_oom"], "the model was meant not to fit one device"
+    assert results["one_device_peak"] >= 1.5 * results["capacity"]
+
+
+def assert_each_cheaper_lever_fits_one_device(results: dict) -> None:
+    """SGD alone, or bf16 alone, would have fitted the model on one device (estimated)."""
+    assert set(results["levers"]) == {"SGD", "bf16"}
+    assert all(peak <= results["capacity"] for peak in results["levers"].values())
+
+
 def lesson(stem: str) -> Lesson:
     """``course/<stem>.ipynb`` executed at its classroom defaults (once per session); a test
     that asks for a lesson that failed fails with the lesson's error."""

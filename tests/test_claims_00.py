@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 MIB = 2**20
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("00_your_cluster")
+nb = lesson_fixture("00_your_cluster")
 
 
 @pytest.fixture(scope="module")

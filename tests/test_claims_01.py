@@ -10,14 +10,12 @@ import re
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 GPU_BYTES = 80e9  # "one 80 GB GPU"
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("01_the_memory_wall")
+nb = lesson_fixture("01_the_memory_wall")
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("02_data_parallel")
+nb = lesson_fixture("02_data_parallel")
 
 
 def _names(results):

@@ -6,26 +6,21 @@ once (tests/lessons.py) and every test here reads what it recorded.
 
 from __future__ import annotations
 
-import pytest
+from tests.lessons import (
+    assert_each_cheaper_lever_fits_one_device,
+    assert_out_of_one_device_by_half_again,
+    lesson_fixture,
+)
 
-from tests.lessons import lesson
-
-
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("03_pipeline_parallel")
+nb = lesson_fixture("03_pipeline_parallel")
 
 
 def test_a_model_that_does_not_fit_one_device_by_half_again(nb):
-    results = nb.results
-    assert results["single_oom"], "the model was meant not to fit one device"
-    assert results["one_device_peak"] >= 1.5 * results["capacity"]
+    assert_out_of_one_device_by_half_again(nb.results)
 
 
 def test_either_cheaper_lever_alone_would_fit_this_model_on_one_device(nb):
-    results = nb.results
-    assert set(results["levers"]) == {"SGD", "bf16"}
-    assert all(peak <= results["capacity"] for peak in results["levers"].values())
+    assert_each_cheaper_lever_fits_one_device(nb.results)
 
 
 def test_it_trains_each_device_holds_only_its_stage_with_room(nb):

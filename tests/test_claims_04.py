@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import (
+    assert_each_cheaper_lever_fits_one_device,
+    assert_out_of_one_device_by_half_again,
+    lesson_fixture,
+)
 
-
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("04_tensor_parallel")
+nb = lesson_fixture("04_tensor_parallel")
 
 
 def test_both_joined_results_equal_the_product_in_one_piece(nb):
@@ -21,15 +22,11 @@ def test_both_joined_results_equal_the_product_in_one_piece(nb):
 
 
 def test_a_model_too_wide_for_one_device_by_half_again(nb):
-    results = nb.results
-    assert results["single_oom"], "the model was meant not to fit one device"
-    assert results["one_device_peak"] >= 1.5 * results["capacity"]
+    assert_out_of_one_device_by_half_again(nb.results)
 
 
 def test_either_cheaper_lever_alone_would_fit_this_model_on_one_device(nb):
-    results = nb.results
-    assert set(results["levers"]) == {"SGD", "bf16"}
-    assert all(peak <= results["capacity"] for peak in results["levers"].values())
+    assert_each_cheaper_lever_fits_one_device(nb.results)
 
 
 def test_the_same_model_split_over_the_devices_fits_with_room(nb):

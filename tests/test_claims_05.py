@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("05_sharded_data_parallel")
+nb = lesson_fixture("05_sharded_data_parallel")
 
 
 @pytest.fixture(scope="module")

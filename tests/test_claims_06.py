@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 SHARDED = ("table_wise", "row_wise")
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("06_recommender_at_scale")
+nb = lesson_fixture("06_recommender_at_scale")
 
 
 def test_the_tables_are_the_model(nb):

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 FITTING = ("model parallel alone", "both")
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("07_putting_it_together")
+nb = lesson_fixture("07_putting_it_together")
 
 
 def _weights(results) -> int:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
-
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("08_long_sequences_and_experts")
+nb = lesson_fixture("08_long_sequences_and_experts")
 
 
 @pytest.fixture(scope="module")

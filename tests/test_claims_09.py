@@ -9,18 +9,14 @@ from __future__ import annotations
 import math
 import re
 
-import pytest
-
 from labkit.layout import MESH_ORDER
 from labkit.plan.hardware import GPUS
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
 GPUS_PER_NODE = 8  # an H100 node
 
 
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("09_plan_a_real_run")
+nb = lesson_fixture("09_plan_a_real_run")
 
 
 def _degrees(layout: str) -> dict[str, int]:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson
+from tests.lessons import lesson_fixture
 
-
-@pytest.fixture(scope="module")
-def nb():
-    return lesson("10_when_a_gpu_dies")
+nb = lesson_fixture("10_when_a_gpu_dies")
 
 
 @pytest.fixture(scope="module")
