@@ -10,7 +10,7 @@ without checkpoints, saving every k steps with ``dcp.save`` and with ``dcp.async
 checkpoint, the median time training was held up by a save (blocking: the whole save; async:
 the copy to host memory), the median time until an async save was written, the median step,
 and the wall time of each run's steps (steps plus saves, from its records) against the run
-without checkpoints. Then the Young/Daly interval (``labkit.checkpoint.interval``) for the
+without checkpoints. Then the Young/Daly interval (``labkit.lessons.checkpoints.interval``) for the
 blocking save cost with a one-hour mean time between failures. The machine may be shared:
 the figures are ratios measured in one run. The last line printed is one JSON object.
 """
@@ -24,7 +24,7 @@ import statistics
 import tempfile
 
 import labkit
-from labkit.checkpoint import interval
+from labkit.lessons.checkpoints import interval
 from labkit.models import GPTConfig, count_parameters
 
 LAYOUTS = {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"}, "tp": {"strategy": "tp"}}

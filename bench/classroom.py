@@ -28,8 +28,8 @@ WORDS_PER_MINUTE, EXERCISE_MIN, QUESTION_MIN = 120, 15, 1
 
 
 def learner_minutes(notebook, quiz_path: Path) -> dict:
-    from labkit.classroom.quizzes import load_quiz
     from labkit.classroom.release import exercise_cells
+    from labkit.lessons.show.quizzes import load_quiz
 
     words = sum(len(re.findall(r"\w+", c.source)) for c in notebook.cells
                 if c.cell_type == "markdown")

@@ -4,7 +4,7 @@
     python bench/comm_model.py --quick  # 1 KiB to 1 MiB only, about 15 seconds under load
 
 On one 2-rank cluster (CPU ranks: gloo over loopback; GPUs: NCCL), every collective labkit
-teaches (``labkit.comm.KINDS``) is timed at each size in interleaved rounds
+teaches (``labkit.runtime.comm.KINDS``) is timed at each size in interleaved rounds
 (``time_collectives``: per size, a low quantile of the rounds, each from the last rank's start
 to the last rank's end). For each range of sizes, each collective's model t = alpha + wire
 bytes / beta is fitted (``CollectiveSweep.fit``, least relative error) on every other size,
@@ -23,7 +23,7 @@ import json
 import os
 
 import labkit
-from labkit.comm import KINDS, time_collectives
+from labkit.runtime.comm import KINDS, time_collectives
 
 KIB = 1024
 

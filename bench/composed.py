@@ -14,7 +14,7 @@ CPU ranks (labkit's own, one thread each; on a 2-core machine they take turns on
    FSDP all-gathers this tp rank's parameters twice (forward and backward) and reduce-scatters
    its gradients once; TP all-reduces each linear pair's output in forward and the gradient of
    each pair's input in backward but the first's (Megatron's f and g); what a rank sends is
-   ``labkit.costs.ring_share`` of each.
+   ``labkit.runtime.costs.ring_share`` of each.
 The last line printed is one JSON object of the figures.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import labkit
-from labkit.costs import ring_share
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
+from labkit.runtime.costs import ring_share
 
 MODEL = MLPConfig(d_in=256, d_hidden=1024, n_layers=4, d_out=16)
 BATCH = 1024

@@ -5,7 +5,7 @@ orphan process, final weights equal to the uninterrupted run's.
     python bench/crashes.py          # a wider MLP, 4 ranks where the machine has the cores
     python bench/crashes.py --quick  # about a minute or two
 
-Each crash is one attempt of the run (``labkit.checkpoint.failures.fail_once``): it resumes
+Each crash is one attempt of the run (``labkit.lessons.checkpoints.failures.fail_once``): it resumes
 from the newest checkpoint, and a random rank fails at a random later step, a random way:
 SIGKILLed, an exception, or hung until the run's timeout. After each, the newest checkpoint
 on disk must be the last one due before the failure. Then the run is trained to its end and
@@ -29,7 +29,7 @@ import psutil
 import torch
 
 import labkit
-from labkit.checkpoint.failures import fail_once
+from labkit.lessons.checkpoints.failures import fail_once
 from labkit.models import MLPConfig
 
 KINDS, WEIGHTS = ("kill", "raise", "hang"), (0.45, 0.45, 0.10)  # a hang costs its timeout

@@ -28,13 +28,13 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import labkit
+from labkit.lessons.data_parallel.scaling import COMPUTE_BOUND
 from labkit.models import build_model, loss_fn, make_batch
-from labkit.train.scaling import COMPUTE_BOUND
 
-# Compute-bound (labkit.train.scaling.COMPUTE_BOUND, also the README's speedup figure): a large
-# batch over a model whose gradient is small. A wider model with a small batch (d_hidden 1536,
-# batch 512) measured 1.26x here, with its 2-process ceiling at only 1.37x: its weights do not
-# fit the caches, and the two cores then share memory bandwidth.
+# Compute-bound (labkit.lessons.data_parallel.scaling.COMPUTE_BOUND, also the README's speedup
+# figure): a large batch over a model whose gradient is small. A wider model with a small batch
+# (d_hidden 1536, batch 512) measured 1.26x here, with its 2-process ceiling at only 1.37x: its
+# weights do not fit the caches, and the two cores then share memory bandwidth.
 MODEL, BATCH = COMPUTE_BOUND
 
 

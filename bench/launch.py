@@ -7,7 +7,7 @@ and beside a fork launcher (accelerate's ``notebook_launcher``, when accelerate 
 Every side does the same work, from a process that has already imported torch (as a notebook
 kernel has): start N ranks, join a gloo process group, finish one AllReduce on every rank.
 "cold" is the time until every rank has finished it. labkit forks its launcher from this
-process when that is safe (labkit/cluster/launcher.py); spawn starts fresh interpreters that
+process when that is safe (labkit/runtime/cluster/launcher.py); spawn starts fresh interpreters that
 import torch themselves; the fork launcher forks this process for every rank. "warm" is
 labkit's round trip of a no-op run on ranks already up, against the only equivalent the
 others have: starting again. The last line printed is one JSON object of the figures.
@@ -124,7 +124,7 @@ def main() -> None:
     repeats = 1 if args.quick else 3
     sizes = rank_counts(args.quick)
     figures: dict = {"repeats": repeats, "cores": os.cpu_count(),
-                     "launcher": labkit.cluster.launcher.choose_launcher("auto", "cpu")}
+                     "launcher": labkit.runtime.cluster.launcher.choose_launcher("auto", "cpu")}
     print(f"{'N':>3} {'labkit cold s':>14} {'fork cold s':>12} {'spawn cold s':>13} "
           f"{'labkit/fork':>12} {'spawn/labkit':>13}")
     for n in sizes:

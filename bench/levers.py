@@ -51,11 +51,11 @@ def _memory(report) -> dict:
 
 def _time_on_rank(ctx, configs: dict, steps: int) -> dict[str, list[float]]:
     """CPU seconds of each of ``steps`` training steps per configuration, taking turns."""
-    from labkit.build import build, parallel_context
-    from labkit.layout.presets import layout_for
     from labkit.models import loss_fn, make_batch, to_device
-    from labkit.step.spmd import micro_steps, run_step, step_precision
-    from labkit.train.config import TrainConfig
+    from labkit.training.build import build, parallel_context
+    from labkit.training.config import TrainConfig
+    from labkit.training.layout.presets import layout_for
+    from labkit.training.step.spmd import micro_steps, run_step, step_precision
 
     configs = {name: TrainConfig.from_dict(c) for name, c in configs.items()}
     built = {name: build(parallel_context(ctx, layout_for(c, 1)), c)

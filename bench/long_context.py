@@ -27,10 +27,10 @@ import statistics
 import torch
 
 import labkit
-from labkit.costs import moe_all_to_all_bytes
-from labkit.expert_parallel.compare import forward_flops_per_token
-from labkit.layout import Layout
+from labkit.lessons.long_context.compare import forward_flops_per_token
 from labkit.models import GPTConfig, MoEGPTConfig, count_parameters
+from labkit.runtime.costs import moe_all_to_all_bytes
+from labkit.training.layout import Layout
 
 
 def _attention_on_rank(ctx, seq_len: int, kind: str, repeats: int) -> dict:
@@ -39,7 +39,7 @@ def _attention_on_rank(ctx, seq_len: int, kind: str, repeats: int) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from labkit.context_parallel import ring_attention, shard_sequence
+    from labkit.parallel.context import ring_attention, shard_sequence
 
     gen = torch.Generator().manual_seed(0)
     whole = [torch.randn(1, 4, seq_len, 32, generator=gen) for _ in range(3)]

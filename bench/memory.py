@@ -12,7 +12,7 @@
    traced estimate beside the measured peak.
 3. Against the CPU allocator: two Adam steps of torch.nn models that are not from the zoo,
    on a capped rank, the tracked peak beside the allocator's own (torch.profiler's memory
-   events, labkit/memory/crosscheck.py, as tests/test_memory_coverage.py).
+   events, labkit/runtime/memory/crosscheck.py, as tests/test_memory_coverage.py).
 The last line printed is one JSON object of the figures.
 """
 
@@ -26,10 +26,10 @@ import time
 import torch
 
 import labkit
-from labkit.memory import MemoryTracker
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, loss_fn, make_batch
-from labkit.optim import make_optimizer
-from labkit.step import run_step
+from labkit.models.optim import make_optimizer
+from labkit.runtime.memory import MemoryTracker
+from labkit.training.step import run_step
 
 MODELS = {"mlp": (MLPConfig(d_in=256, d_hidden=1024, n_layers=4), 256),
           "gpt": (GPTConfig(d_model=256, n_layers=4, seq_len=128), 16),
@@ -69,7 +69,7 @@ def overhead(config, batch_size: int, steps: int) -> dict:
 
 def allocator_cross_check() -> dict:
     """Tracked peak / allocator peak for torch.nn models outside the zoo, on a capped rank."""
-    from labkit.memory.crosscheck import cross_check
+    from labkit.runtime.memory.crosscheck import cross_check
 
     with labkit.Cluster(1, device="cpu", memory_per_device="1GiB", progress=False) as cluster:
         return {name: cluster.run(cross_check, name)[0]

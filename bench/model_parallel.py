@@ -20,8 +20,8 @@ import torch
 
 import labkit
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch, plan_for
-from labkit.pipeline_parallel.stages import split_stages, stage_module
-from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
+from labkit.parallel.pipeline.stages import split_stages, stage_module
+from labkit.parallel.pipeline.timeline import bubble_fraction, theoretical_bubble
 
 MODEL = MLPConfig(d_in=512, d_hidden=1024, n_layers=4)
 BATCH = 1024

@@ -9,8 +9,8 @@ how long a search of a 70B decoder on 1024 GPUs takes, and its projections of pu
 2. Calibration and error: at 1, 2 and 4 CPU ranks, ``labkit.plan.calibrate`` measures this
    machine (matmul FLOP/s, the bandwidth-bound ops' bytes/s, per-op cost, gloo collectives'
    alpha-beta, what meeting in collectives adds to compute at 2 ranks); then
-   each classroom run of ``labkit.plan.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed) is
-   projected and trained; the relative error of the projected step against the measured
+   each classroom run of ``labkit.lessons.planning.checkrun.RUNS`` (DDP, FSDP, TP, 1F1B, composed)
+   is projected and trained; the relative error of the projected step against the measured
    median steady step (the later half of the steps: a CPU rank's steps keep getting faster
    for about five steps), per run, median and worst. At 2 and 4 ranks the calibration also measures
    what tp's DTensors and FSDP2's hooks add per parameter tensor (``labkit.plan.engines``: a
@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import labkit  # noqa: E402
 import labkit.plan as plan  # noqa: E402
-from labkit.layout import Layout  # noqa: E402
+from labkit.lessons.planning.checkrun import compare, error_stats  # noqa: E402
 from labkit.models import GPT_70B, GPTConfig  # noqa: E402
-from labkit.plan.checkrun import compare, error_stats  # noqa: E402
+from labkit.training.layout import Layout  # noqa: E402
 
 PUBLISHED = {
     # name: (model, layout, cluster, batch, micro-batches, reported TFLOP/s per GPU, note)

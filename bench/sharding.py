@@ -19,7 +19,7 @@ import json
 
 import labkit
 from labkit.models import DLRMConfig, MLPConfig
-from labkit.train import TrainConfig
+from labkit.training import TrainConfig
 
 
 def sharding(cluster, config, world_sizes) -> dict:

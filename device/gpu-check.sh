@@ -3,7 +3,7 @@
 # 1 GPU: NCCL only at world size 1; 2+ ranks share the GPU over gloo (labkit's design); with
 # 2+ GPUs the NCCL pipeline checks run too. One PASS/FAIL line per claim; INFO lines are numbers.
 # Adapted to the runtime fixes of issues 11 and 18 (branch issue-11-cluster): caps checked with
-# labkit.cluster.hardware.check_capacity, an even share without a cap, the fork/fresh launcher,
+# labkit.runtime.cluster.hardware.check_capacity, an even share without a cap, the fork/fresh launcher,
 # host copies of CUDA results, the end-of-run synchronise, C++ output through the pipes.
 # c8 (session of 2026-12-01): DCP checkpoints on CUDA, the GPT and the MoE GPT on CUDA.
 # c9 (2+ GPUs): cp=2 trained by torch's context_parallel against labkit's ring.
@@ -15,7 +15,7 @@ timeout 570 python - <<'PY'
 import os, signal, subprocess, sys, time
 import torch, torch.distributed as dist
 import labkit
-from labkit.cluster.hardware import resolve_device
+from labkit.runtime.cluster.hardware import resolve_device
 from labkit.models import sized
 G, TOTAL = torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory
 RANK_PIDS, FAILS = set(), []
@@ -52,7 +52,7 @@ def c1():  # fork safety, device choice, NCCL with device_id
         check("zygote holds no CUDA context", z not in gpu_pids())
         check("GPU ranks get a fresh launcher (OpenMP threads cannot start after a fork)", c.launcher == "fresh", c.launcher)
         info(f"libcuda mapped in zygote: {'libcuda' in open(f'/proc/{z}/maps').read()}")
-        from labkit.cluster.hardware import physical_cores
+        from labkit.runtime.cluster.hardware import physical_cores
         threads = c.run(lambda ctx: torch.get_num_threads(), timeout=60)
         check("GPU ranks limit their host threads", threads == [max(1, physical_cores())], str(threads))
         out = c.run(lambda ctx: {"t": torch.ones(2, device=ctx.device), "p": torch.nn.Parameter(torch.ones(2, device=ctx.device))}, timeout=60)[0]
@@ -68,7 +68,7 @@ def c2():  # shared GPUs over gloo: caps, a dead rank, strategies on CUDA tensor
         r = c.run(where, timeout=120)
         check("gloo all_reduce of CUDA tensors", all(x[2] == n for x in r), str([x[:3] for x in r]))
         check("every sharing rank capped at memory_per_device", all(abs(x[3] - cap) < 2**21 for x in r))
-        from labkit.cluster.hardware import physical_cores
+        from labkit.runtime.cluster.hardware import physical_cores
         threads = c.run(lambda ctx: torch.get_num_threads(), timeout=60)
         check(f"{n} GPU ranks share the host's {physical_cores()} cores", threads == [max(1, physical_cores() // n)] * n, str(threads))
         def die(ctx):
@@ -87,7 +87,7 @@ def c2():  # shared GPUs over gloo: caps, a dead rank, strategies on CUDA tensor
                       ("naive_pipeline", {})]:
             train_ok(c, f"train {s}, {n} ranks sharing GPUs (gloo)", s, global_batch=8 * n, **kw)
 def c3():  # a cap that overfills the shared GPU is refused before any rank starts
-    from labkit.cluster.hardware import check_capacity
+    from labkit.runtime.cluster.hardware import check_capacity
     try: check_capacity(3 * G, "cuda", True, int(0.6 * TOTAL)); ok = False
     except ValueError: ok = True
     check("refuses caps that overfill a shared GPU", ok, "" if ok else "3 ranks x 60% of 1 GPU accepted")
@@ -146,8 +146,8 @@ def c5():  # same init everywhere; collective timing; tracked vs allocator memor
         check("same seed, same weights: single == fsdp on CUDA", d < 1e-4, f"max loss diff {d:.2e}")
         info(f"single on CUDA, median step split: {a.split()}")
         def meter(ctx):
-            from labkit.comm.intercept import CollectiveMeter
-            from labkit.comm.meter import CommMeter
+            from labkit.runtime.comm.intercept import CollectiveMeter
+            from labkit.runtime.comm.meter import CommMeter
             x, t = torch.randn(8192, 8192, device=ctx.device), torch.ones(2**26, device=ctx.device)
             dist.all_reduce(t); torch.cuda.synchronize()
             m, start = CommMeter(), time.perf_counter()
@@ -161,8 +161,8 @@ def c5():  # same init everywhere; collective timing; tracked vs allocator memor
         check("collective interval ends when the GPU has done it",
               busy > 0.5 * wall, f"meter {busy * 1e3:.3f} ms vs synchronized {wall * 1e3:.1f} ms")
         def mem(ctx):
-            from labkit.train import TrainConfig
-            from labkit.train.loop import train_on_rank
+            from labkit.training import TrainConfig
+            from labkit.training.loop import train_on_rank
             torch.cuda.reset_peak_memory_stats(ctx.device)
             out = train_on_rank(ctx, TrainConfig(model="gpt", global_batch=32, steps=3).to_dict())
             return (out["memory"]["peak_bytes"], torch.cuda.max_memory_allocated(ctx.device),

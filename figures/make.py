@@ -17,8 +17,9 @@ import torch
 from matplotlib.figure import Figure
 
 import labkit
-from labkit.train.scaling import COMPUTE_BOUND
-from labkit.widgets import MemoryExplorer
+from labkit.lessons.data_parallel.scaling import COMPUTE_BOUND
+from labkit.lessons.widgets import MemoryExplorer
+from labkit.runtime.cluster.hardware import physical_cores
 
 MIB = 1 << 20
 
@@ -26,7 +27,7 @@ MIB = 1 << 20
 def _where(cluster: labkit.Cluster) -> str:
     if cluster.device == "cuda":
         return f"{cluster.world_size} x {torch.cuda.get_device_name(0)}"
-    return f"CPU ranks on {platform.machine()} ({labkit.cluster.hardware.physical_cores()} cores)"
+    return f"CPU ranks on {platform.machine()} ({physical_cores()} cores)"
 
 
 def _save(fig: Figure, path: Path, what: str, cluster: labkit.Cluster) -> Path:

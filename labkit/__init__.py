@@ -1,36 +1,87 @@
-"""labkit: run distributed training for real from a notebook, and see why it pays."""
+"""labkit: run distributed training for real from a notebook, and see why it pays.
 
-from labkit import check, classroom, data_parallel, evidence, models, plots, widgets
-from labkit.cluster import (
-    Cluster,
-    ClusterError,
-    OversubscriptionWarning,
-    RankContext,
-    RankError,
-    RanksRestartedWarning,
-    RunResults,
-    RunTimeout,
-)
-from labkit.comm import CollectiveTimings, time_all_reduce
-from labkit.costs import model_state_bytes, ring_all_reduce_seconds
-from labkit.layout import STRATEGIES, Layout
-from labkit.memory import DeviceOOM, format_bytes, parse_bytes
-from labkit.memory.boundary import BoundaryMap, sweep_boundary
-from labkit.memory.estimate import MemoryEstimate, estimate_memory
-from labkit.results import record_results
-from labkit.sharded_data_parallel.compare import ShardingComparison, compare_sharding
-from labkit.step import StepRecord
-from labkit.train import TrainConfig, TrainReport, train
-from labkit.train.batch_sweep import BatchSweep, batch_sweep
-from labkit.train.scaling import ScalingResult, scaling_sweep
+    import labkit
+    cluster = labkit.Cluster(2)                                   # two ranks
+    report = labkit.train(cluster, labkit.TrainConfig(...), strategy="ddp")
+
+The names below are the public API; each loads on first use (PEP 562), so ``import labkit``
+costs almost nothing and a rank or the command line never imports matplotlib. The lessons'
+helpers are reached the same way: ``labkit.plots``, ``labkit.widgets``, ``labkit.check``,
+``labkit.evidence``, ``labkit.models``, ``labkit.plan``, ``labkit.classroom``, and a few
+functions the notebooks call by name (``labkit.sweep_boundary``, ``labkit.scaling_sweep``...).
+``docs/architecture.md`` draws the layers behind them.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["STRATEGIES", "BatchSweep", "BoundaryMap", "Cluster", "ClusterError",
-           "CollectiveTimings", "DeviceOOM", "Layout", "MemoryEstimate", "OversubscriptionWarning",
-           "RankContext", "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout",
-           "ScalingResult", "ShardingComparison", "StepRecord", "TrainConfig", "TrainReport",
-           "batch_sweep", "check", "classroom", "compare_sharding", "data_parallel",
-           "estimate_memory", "evidence", "format_bytes", "model_state_bytes", "models",
-           "parse_bytes", "plots", "record_results", "ring_all_reduce_seconds", "scaling_sweep",
-           "sweep_boundary", "time_all_reduce", "train", "widgets"]
+_PUBLIC = {
+    "Cluster": "labkit.runtime.cluster.cluster",
+    "ClusterError": "labkit.runtime.cluster.errors",
+    "RankError": "labkit.runtime.cluster.errors",
+    "RunTimeout": "labkit.runtime.cluster.errors",
+    "DeviceOOM": "labkit.runtime.memory.oom",
+    "Layout": "labkit.training.layout.layout",
+    "TrainConfig": "labkit.training.config",
+    "TrainReport": "labkit.training.report",
+    "train": "labkit.training.api",
+    "estimate_memory": "labkit.training.estimate",
+    "format_bytes": "labkit.runtime.memory.units",
+    "parse_bytes": "labkit.runtime.memory.units",
+}
+
+_MORE = {
+    "RankContext": "labkit.runtime.cluster.rank",
+    "RunResults": "labkit.runtime.cluster.runs",
+    "OversubscriptionWarning": "labkit.runtime.cluster.cluster",
+    "RanksRestartedWarning": "labkit.runtime.cluster.errors",
+    "STRATEGIES": "labkit.training.layout.presets",
+    "MemoryEstimate": "labkit.training.estimate",
+    "StepRecord": "labkit.training.step.record",
+    "CollectiveTimings": "labkit.runtime.comm.timing",
+    "time_all_reduce": "labkit.runtime.comm.timing",
+    "model_state_bytes": "labkit.runtime.costs",
+    "ring_all_reduce_seconds": "labkit.runtime.costs",
+    "record_results": "labkit.lessons.show.results",
+    "BoundaryMap": "labkit.lessons.memory_wall.boundary",
+    "sweep_boundary": "labkit.lessons.memory_wall.boundary",
+    "BatchSweep": "labkit.lessons.data_parallel.batch_sweep",
+    "batch_sweep": "labkit.lessons.data_parallel.batch_sweep",
+    "ScalingResult": "labkit.lessons.data_parallel.scaling",
+    "scaling_sweep": "labkit.lessons.data_parallel.scaling",
+    "ShardingComparison": "labkit.lessons.sharding.compare",
+    "compare_sharding": "labkit.lessons.sharding.compare",
+}
+
+_MODULES = {
+    "plots": "labkit.lessons.plots",
+    "widgets": "labkit.lessons.widgets",
+    "check": "labkit.lessons.check",
+    "evidence": "labkit.lessons.data_parallel.evidence",
+    "costs": "labkit.runtime.costs",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _PUBLIC or name in _MORE:
+        value = getattr(importlib.import_module(_PUBLIC.get(name) or _MORE[name]), name)
+    else:
+        try:
+            value = importlib.import_module(f"labkit.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"labkit.{name}":
+                raise
+            raise AttributeError(f"module 'labkit' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC, *_MORE, *_MODULES})

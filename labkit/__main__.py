@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="check torch, devices and a 2-rank all_reduce")
-    from labkit.train import torchrun
+    from labkit.training import torchrun
 
     torchrun.add_arguments(commands.add_parser(
         "train", help="train a zoo model (under torchrun: on every rank), write a JSON report"))
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                       "their results and quiz scores to a CSV"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from labkit.doctor import main as doctor
+        from labkit.runtime.doctor import main as doctor
 
         return doctor()
     if args.command == "release":

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.__main__ import main
-from labkit.classroom.quizzes import RECORD_MIME
+from labkit.lessons.show.quizzes import RECORD_MIME
 from tests.exercises import answer_source
 
 REPO = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.results import RESULTS_ENV
+from labkit.lessons.show.results import RESULTS_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 COURSE = REPO / "course"

@@ -30,7 +30,7 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("*", "0.5 is guessing", "the AUC of a random ranking, by definition"),
     ("01_the_memory_wall", "4 bytes a number", "the size of a float32, by definition"),
     ("01_the_memory_wall", "within 2%, the optimizer and the activations within 5%",
-     "the exercise check's own tolerances (labkit/check/memory.py)"),
+     "the exercise check's own tolerances (labkit/lessons/memory_wall/check.py)"),
     ("05_sharded_data_parallel", "2 bytes of weight, 2 of gradient and 12 of optimizer",
      "the ZeRO paper's count, quoted as the paper's (the plot below projects it)"),
     ("05_sharded_data_parallel", "7.5B-parameter model on 64", "the ZeRO paper's example"),

@@ -15,11 +15,11 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import labkit
-from labkit.build import host_shard, parallel_context
-from labkit.layout import Layout
-from labkit.layout.mesh import mesh_for
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model
-from labkit.pipeline_parallel.naive import recv_tensor, send_tensor
+from labkit.parallel.pipeline.naive import recv_tensor, send_tensor
+from labkit.training.build import host_shard, parallel_context
+from labkit.training.layout import Layout
+from labkit.training.layout.mesh import mesh_for
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 import labkit
-from labkit.expert_parallel.capacity import CapacityExplorer
-from labkit.layout import Layout
+from labkit.lessons.long_context.capacity import CapacityExplorer
 from labkit.models import GPTConfig, MoEGPTConfig
+from labkit.training.layout import Layout
 
 MOE = MoEGPTConfig(vocab_size=64, seq_len=16, d_model=16, n_heads=2, n_layers=1, n_experts=4,
                    top_k=2, capacity_factor=1.0)

@@ -1,4 +1,4 @@
-"""Checkpoints (labkit/checkpoint): a run killed mid-way resumes exactly; on another rank
+"""Checkpoints (labkit/training/checkpoint): a run killed mid-way resumes exactly; on another rank
 count it continues; damaged, partial or foreign checkpoints are passed over or refused."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import labkit
-from labkit.checkpoint import CheckpointError, CheckpointWarning
-from labkit.train import loop
+from labkit.training import loop
+from labkit.training.checkpoint import CheckpointError, CheckpointWarning
 
 STEPS = 5
 
@@ -195,7 +195,7 @@ def test_checkpoint_fields_are_checked_before_any_rank_starts(two, tmp_path):
 def _train_killed_while_saving(ctx, config_dict: dict, at_step: int):
     """``train_on_rank`` with rank 0 SIGKILLed while the save after ``at_step`` steps
     commits: every shard is written, the marker and the rename are not."""
-    from labkit.checkpoint import session
+    from labkit.training.checkpoint import session
 
     original = session.commit
 
@@ -272,7 +272,7 @@ def test_a_relative_checkpoint_dir_is_the_notebook_s(two, tmp_path, monkeypatch)
 
 def _train_with_a_failing_commit(ctx, config_dict: dict):
     """``train_on_rank`` where rank 0's commit of an async save fails (as on a full disk)."""
-    from labkit.checkpoint import session
+    from labkit.training.checkpoint import session
 
     def commit(self, done):
         raise OSError(28, "No space left on device (planted)")
@@ -299,7 +299,7 @@ def test_prune_keeps_this_runs_newest_and_clears_dead_saves(tmp_path):
     """``checkpoint_keep``: after a commit, rank 0 deletes this run's checkpoints older than
     its newest ``keep`` and saves of earlier steps left half-written by a kill; another run's
     checkpoints, and a save of a later step, are left alone."""
-    from labkit.checkpoint.store import commit, prune, step_dir, tmp_dir
+    from labkit.training.checkpoint.store import commit, prune, step_dir, tmp_dir
 
     mine, other = _config().to_dict(), _config(seed=7).to_dict()
 

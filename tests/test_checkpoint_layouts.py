@@ -1,7 +1,7 @@
-"""Checkpoints of every layout (labkit/checkpoint/state.py): pipelines, a composed dp x pp
+"""Checkpoints of every layout (labkit/training/checkpoint/state.py): pipelines, a composed dp x pp
 layout, ZeRO-1 and each placement of the DLRM's embedding tables resume bit for bit after a
 planted failure, and reshard to another rank count; one run at a time in a checkpoint
-folder (labkit/checkpoint/lock.py)."""
+folder (labkit/training/checkpoint/lock.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import labkit
-from labkit.checkpoint import CheckpointError
-from labkit.checkpoint.lock import CheckpointLock
 from labkit.models import DLRMConfig, MLPConfig
+from labkit.training.checkpoint import CheckpointError
+from labkit.training.checkpoint.lock import CheckpointLock
 from tests.test_checkpoint import STEPS, _assert_identical, _crash, _resumed
 
 # 4 layers with weights: 2 stages of 2 (or 4 of 1: interleaved, or dp 2 x pp 2).

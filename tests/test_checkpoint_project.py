@@ -1,5 +1,5 @@
-"""The checkpoint trade-off projected to named clusters (labkit.checkpoint.project), against
-values computed by hand."""
+"""The checkpoint trade-off projected to named clusters (labkit.lessons.checkpoints.project),
+against values computed by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import labkit
-from labkit.checkpoint.project import LLAMA3_STORAGE, Storage, project_tradeoff, tradeoff
+from labkit.lessons.checkpoints.project import LLAMA3_STORAGE, Storage, project_tradeoff, tradeoff
 
 
 def _projection(parameters: float, optimizer: float, gpus: int, step_s: float):

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import labkit
-from labkit.check import result
-from labkit.tensor_parallel import copy_to_parallel_region, reduce_from_parallel_region
+from labkit.lessons.check import result
+from labkit.parallel.tensor import copy_to_parallel_region, reduce_from_parallel_region
 from tests.exercises import solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value

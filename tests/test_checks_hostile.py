@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import labkit
-from labkit.check.wire import Traffic
-from labkit.tensor_parallel import copy_to_parallel_region
+from labkit.lessons.exercise.wire import Traffic
+from labkit.parallel.tensor import copy_to_parallel_region
 from tests.exercises import solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
@@ -224,7 +224,7 @@ def course_layers():
                  for name in ("ColumnParallelLinear", "RowParallelLinear"))
 
 
-class Borrowed(labkit.tensor_parallel.ColumnParallelLinear):
+class Borrowed(labkit.parallel.tensor.ColumnParallelLinear):
     """labkit's layer under the learner's name."""
 
 

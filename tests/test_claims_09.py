@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import re
 
-from labkit.layout import MESH_ORDER
 from labkit.plan.hardware import GPUS
+from labkit.training.layout import MESH_ORDER
 from tests.lessons import lesson_fixture
 
 GPUS_PER_NODE = 8  # an H100 node

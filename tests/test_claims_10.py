@@ -15,7 +15,7 @@ nb = lesson_fixture("10_when_a_gpu_dies")
 
 @pytest.fixture(scope="module")
 def projected(nb):
-    return nb.results["projected"]  # labkit.checkpoint.project: never measured
+    return nb.results["projected"]  # labkit.lessons.checkpoints.project: never measured
 
 
 def test_recorded_values(nb):

@@ -143,7 +143,7 @@ def test_a_listener_hears_only_the_runs_its_own_thread_starts(two):
 
 
 def test_oversubscription_is_warned_and_reported():
-    from labkit.cluster.hardware import physical_cores
+    from labkit.runtime.cluster.hardware import physical_cores
 
     ranks = physical_cores() + 1
     with pytest.warns(labkit.OversubscriptionWarning, match="physical cores"):

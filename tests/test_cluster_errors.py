@@ -119,7 +119,7 @@ def test_too_many_ranks_are_refused_before_any_process_starts():
 
 
 def test_the_rank_limit_can_be_lifted_on_purpose(monkeypatch):
-    from labkit.cluster import hardware
+    from labkit.runtime.cluster import hardware
 
     monkeypatch.setattr(hardware, "rank_limit", lambda device: (2, "a test's limit"))
     with pytest.raises(ValueError, match="at most 2 .a test's limit"):

@@ -105,7 +105,7 @@ def test_interrupt_in_the_middle_of_sending_a_large_argument(cluster3, monkeypat
 
 
 def test_interrupt_while_ranks_start(monkeypatch):
-    from labkit.cluster import cluster as cluster_module
+    from labkit.runtime.cluster import cluster as cluster_module
 
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
         cluster.run(lambda ctx: None)

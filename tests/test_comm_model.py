@@ -7,8 +7,8 @@ import math
 import pytest
 
 import labkit
-from labkit.comm import KINDS, fit_alpha_beta, time_collectives
-from labkit.costs import ring_share
+from labkit.runtime.comm import KINDS, fit_alpha_beta, time_collectives
+from labkit.runtime.costs import ring_share
 
 KIB = 1024
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import labkit
-from labkit.embedding_parallel import merged_weights
-from labkit.layout import Layout
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig
+from labkit.parallel.embedding import merged_weights
+from labkit.training.layout import Layout
 
 MLP = MLPConfig(d_in=32, d_hidden=128, n_layers=4, d_out=8)
 # 3 linears in 2 stages: the cut falls inside a tensor-parallel pair (column-wise, then

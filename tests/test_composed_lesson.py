@@ -13,9 +13,14 @@ import nbformat
 import pytest
 
 import labkit
-from labkit.layout import check_run
-from labkit.plots.layout import grid_positions, group_links, plot_rank_grid, step_split_by_dim
-from labkit.widgets.layout import divisors, layout_from
+from labkit.lessons.layouts.plots import (
+    grid_positions,
+    group_links,
+    plot_rank_grid,
+    step_split_by_dim,
+)
+from labkit.lessons.layouts.widgets import divisors, layout_from
+from labkit.training.layout import check_run
 from tests.exercises import COURSE, solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
@@ -176,7 +181,7 @@ def test_notebook_07_picks_a_rank_count_its_layouts_split(asked):
     exercise's layouts), the lesson uses 4 or 8 ranks instead of failing halfway."""
     cells = _setup_cells(world_size=asked, oversubscribe=True)
     n, layout = cells["world_size"], cells["composed_layout"]
-    assert n in labkit.check.mesh.LAYOUTS and layout.size == n
+    assert n in labkit.lessons.layouts.check.LAYOUTS and layout.size == n
     config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=cells["d_hidden"]),
                                 global_batch=cells["global_batch"])
     for each in (layout, labkit.Layout(tp=n), labkit.Layout(dp=n)):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import labkit
-from labkit.memory.fit import model_state_note
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, sized
-from labkit.train import TrainConfig
+from labkit.training import TrainConfig
+from labkit.training.fit import model_state_note
 
 
 @pytest.mark.parametrize("fields, error, words", [

@@ -1,4 +1,4 @@
-"""Ring attention (labkit/context_parallel) against PyTorch's attention on the whole
+"""Ring attention (labkit/parallel/context) against PyTorch's attention on the whole
 sequence: outputs and gradients, causal and not, on 2 and 4 CPU ranks; the online softmax's
 merge on its own; PyTorch's context_parallel engine against ours on a GPU."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit.context_parallel import (
+from labkit.parallel.context import (
     block_forward,
     merge,
     positions,
@@ -22,7 +22,7 @@ def _against_sdpa(ctx, causal: bool, seq_len: int = 16):
     """Max |ring - whole-sequence SDPA| of this rank's output and its q, k, v gradients."""
     import torch.distributed as dist
 
-    from labkit.context_parallel import ring_attention, shard_sequence
+    from labkit.parallel.context import ring_attention, shard_sequence
 
     gen = torch.Generator().manual_seed(7)
     q, k, v, grad = (torch.randn(2, 3, seq_len, 8, generator=gen, dtype=torch.float64)
@@ -60,7 +60,7 @@ def test_merge_of_two_key_blocks_is_attention_over_both():
 
 @pytest.mark.parametrize("kind", ["full", "diagonal"])
 def test_query_tiles_change_nothing(kind):
-    from labkit.context_parallel import block_backward
+    from labkit.parallel.context import block_backward
 
     gen = torch.Generator().manual_seed(1)
     q, k, v, grad = (torch.randn(1, 2, 10, 4, generator=gen, dtype=torch.float64)
@@ -91,7 +91,7 @@ def _against_torch_engine(ctx, seq_len: int = 32):
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 
-    from labkit.context_parallel import ring_attention, shard_sequence, unshard_sequence
+    from labkit.parallel.context import ring_attention, shard_sequence, unshard_sequence
 
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, seq_len, 64, generator=gen).to(ctx.device) for _ in range(3))

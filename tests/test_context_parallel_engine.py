@@ -1,4 +1,4 @@
-"""Which engine runs context parallelism (labkit/context_parallel/engine.py): the choice,
+"""Which engine runs context parallelism (labkit/parallel/context/engine.py): the choice,
 its refusal before any rank starts; PyTorch's engine on CPU (refused by
 torch 2.13: asserted, so a torch that lifts it is noticed), PyTorch's ring algorithm run on
 CPU with the CPU attention kernel against labkit's ring on labkit's shards, and (gpu marker)
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import labkit
-from labkit.context_parallel import positions, ring_attention, shard_sequence
-from labkit.context_parallel.engine import CPU_REFUSAL, engine_on, resolve_engine
-from labkit.layout import Layout, check_run
 from labkit.models import GPTConfig
+from labkit.parallel.context import positions, ring_attention, shard_sequence
+from labkit.parallel.context.engine import CPU_REFUSAL, engine_on, resolve_engine
+from labkit.training.layout import Layout, check_run
 from tests.conftest import assert_trains_as
 
 GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
@@ -43,7 +43,7 @@ def test_the_engine_option_is_checked_before_any_rank_starts():
 def test_every_report_says_which_engine_ran():
     """The ranks say which engine ran; the report says so however it was made (the notebook's
     ``labkit.train`` or torchrun's rank 0: the latter's report did not say)."""
-    from labkit.train.report import TrainReport
+    from labkit.training.report import TrainReport
 
     config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4)
     ranks = [{"rank": r, "records": [], "cp_engine": "torch context_parallel"} for r in (0, 1)]
@@ -132,7 +132,7 @@ def test_torch_context_parallel_trains_as_the_ring_and_one_device():
 def test_notebook_08_refuses_a_rank_count_it_cannot_run():
     """world_size drives cp, dp and ep in notebook 08: 1 and 3 ranks failed late (a KeyError
     on 'dp' after every run at 1; seq_len 256 not cut into 6 chunks at 3)."""
-    from labkit.context_parallel.demo import check_lesson_ranks
+    from labkit.lessons.long_context.demo import check_lesson_ranks
 
     for ranks in (2, 4):
         check_lesson_ranks(ranks, [256, 512], n_experts=4, global_batch=8)
@@ -175,7 +175,7 @@ def _train_with_torch_engine_on_cpu(ctx, config_dict: dict) -> dict:
     try:
         for m in modules:
             m.engine_on = lambda choice, device: "torch" if choice == "torch" else "ring"
-        from labkit.train.loop import train_on_rank
+        from labkit.training.loop import train_on_rank
 
         return train_on_rank(ctx, config_dict)
     finally:
@@ -203,7 +203,7 @@ def test_the_torch_engine_path_trains_as_the_ring_on_cpu(two):
 def test_an_engine_chosen_for_a_layout_without_cp_is_refused_before_any_rank_starts():
     """``cp_engine`` picks what runs context parallelism; on a layout without it nothing
     would use the choice (and the report would name no engine): say so, not train."""
-    from labkit.layout.rules import check_run
+    from labkit.training.layout.rules import check_run
 
     for engine in ("ring", "torch"):
         config = labkit.TrainConfig(model=GPT, strategy="ddp", global_batch=4, cp_engine=engine)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import labkit
-from labkit.layout import Layout, check_run
 from labkit.models import GPTConfig
+from labkit.training.layout import Layout, check_run
 from tests.conftest import assert_trains_as
 
 GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)

@@ -164,7 +164,7 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
     (read without starting torchrun: the parser and the config it makes)."""
     import argparse
 
-    from labkit.train.torchrun import _configs, add_arguments
+    from labkit.training.torchrun import _configs, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -187,7 +187,7 @@ def test_a_run_survives_its_estimate_failing(one, monkeypatch):
 
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("labkit.train.api"), "estimate_memory", broken)
+    monkeypatch.setattr(importlib.import_module("labkit.training.api"), "estimate_memory", broken)
     with pytest.warns(RuntimeWarning, match="estimate failed .*tracer broke"):
         report = labkit.train(one, model="mlp", global_batch=8, steps=2)
     assert len(report.losses) == 2 and report.estimate is None

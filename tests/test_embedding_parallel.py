@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import labkit
-from labkit.embedding_parallel import (
+from labkit.models import DLRMConfig
+from labkit.models.metrics import auc
+from labkit.parallel.embedding import (
     PlanError,
     auc_curve,
     dlrm_plan,
@@ -20,8 +22,6 @@ from labkit.embedding_parallel import (
     plan_tables,
     time_split,
 )
-from labkit.metrics import auc
-from labkit.models import DLRMConfig
 
 # 5 tables: 3 + 2 on two ranks, 2 + 1 + 1 + 1 on four; 64 rows split evenly over 2 or 4.
 SMALL = DLRMConfig(num_tables=5, rows_per_table=64, embedding_dim=8, bottom_hidden=16,
@@ -213,7 +213,7 @@ def test_sharded_strategies_refuse_other_models(two):
 
 
 def test_recommender_explorer_shows_the_plan_and_the_measured_oom(two):
-    from labkit.widgets.recommender import RecommenderExplorer
+    from labkit.lessons.recommender.widgets import RecommenderExplorer
 
     config = labkit.TrainConfig(model=SMALL, global_batch=32, steps=2)
     explorer = RecommenderExplorer(two, config, [64, 16_000], [2], "3MiB")

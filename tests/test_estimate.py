@@ -6,9 +6,9 @@ import psutil
 import pytest
 
 import labkit
-from labkit.memory.estimate import model_state_bytes
-from labkit.memory.oom import CATEGORIES
 from labkit.models import BIG_DECODERS, DLRMConfig, GPTConfig, MLPConfig, count_parameters
+from labkit.runtime.memory.oom import CATEGORIES
+from labkit.training.estimate import model_state_bytes
 
 ZOO = [MLPConfig(d_hidden=384), GPTConfig(), DLRMConfig(rows_per_table=4000)]
 

@@ -1,5 +1,5 @@
 """The mixture-of-experts GPT and expert parallelism (labkit/models/moe.py,
-labkit/expert_parallel): routing equal to a token-by-token reference, experts spread over
+labkit/parallel/expert): routing equal to a token-by-token reference, experts spread over
 the dp ranks training exactly as one device (losses, SGD weights, expert load), all-to-all
 bytes per step equal to the formula, the estimate traced through the all-to-alls equal to
 the measured peak, and the layouts refused before any rank starts."""
@@ -11,12 +11,12 @@ import torch
 from torch.nn import functional as F
 
 import labkit
-from labkit.costs import moe_all_to_all_bytes
-from labkit.expert_parallel import dropped_tokens, expert_load
-from labkit.expert_parallel.observe import dropped_by_expert
-from labkit.layout import Layout, check_run
 from labkit.models import MoEGPTConfig
 from labkit.models.moe import MoE
+from labkit.parallel.expert import dropped_tokens, expert_load
+from labkit.parallel.expert.observe import dropped_by_expert
+from labkit.runtime.costs import moe_all_to_all_bytes
+from labkit.training.layout import Layout, check_run
 from tests.conftest import assert_trains_as
 
 MOE = MoEGPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, n_experts=4,
@@ -129,7 +129,7 @@ def test_moe_refuses_micro_steps():
 def test_forward_flops_per_token_count_attention():
     # per token and layer: q, k, v, out projections 2 x 4 d^2, MLP 2 x 8 d^2, attention's
     # q k^T and p v 2 x 2 x seq x d (the math kernel's whole square); the head 2 x d x vocab
-    from labkit.expert_parallel.compare import forward_flops_per_token
+    from labkit.lessons.long_context.compare import forward_flops_per_token
     from labkit.models import GPTConfig
 
     d, seq, vocab, layers = 32, 64, 64, 2

@@ -129,9 +129,9 @@ def test_a_collective_is_timed_on_the_gpu_not_at_its_launch():
     device clock a collective queued behind 10 large matmuls starts, on the record, when the
     GPU reaches it, after the matmuls are done."""
     def meter(ctx):
-        from labkit.comm.clock import clock_for
-        from labkit.comm.intercept import CollectiveMeter
-        from labkit.comm.meter import CommMeter
+        from labkit.runtime.comm.clock import clock_for
+        from labkit.runtime.comm.intercept import CollectiveMeter
+        from labkit.runtime.comm.meter import CommMeter
 
         x, t = torch.randn(8192, 8192, device=ctx.device), torch.ones(2**26, device=ctx.device)
         dist.all_reduce(t)
@@ -210,7 +210,7 @@ def test_cuda_results_come_back_as_host_copies():
 @pytest.mark.gpu
 @needs_a_gpu
 def test_gpu_ranks_share_the_hosts_cores():
-    from labkit.cluster.hardware import physical_cores
+    from labkit.runtime.cluster.hardware import physical_cores
 
     gpus = torch.cuda.device_count()
     with labkit.Cluster(gpus, device="cuda", progress=False) as c:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import labkit
-from labkit.cluster import hardware, messages
-from labkit.memory import DeviceOOM, MemoryTracker
-from labkit.memory.capacity import apply_capacity, as_device_oom, cuda_requested_bytes
+from labkit.runtime.cluster import hardware, messages
+from labkit.runtime.memory import DeviceOOM, MemoryTracker
+from labkit.runtime.memory.capacity import apply_capacity, as_device_oom, cuda_requested_bytes
 from tests.conftest import descendants
 
 GPU = 80 * 2**30
@@ -114,7 +114,7 @@ def test_gpu_ranks_share_the_hosts_cores(monkeypatch):
 
 
 def test_a_run_ends_by_waiting_for_the_device_and_meeting_the_ranks(monkeypatch):
-    from labkit.cluster import rank
+    from labkit.runtime.cluster import rank
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
@@ -129,7 +129,7 @@ def test_a_run_ends_by_waiting_for_the_device_and_meeting_the_ranks(monkeypatch)
 
 def test_every_run_settles_after_the_function(two):
     def record_settling(ctx):
-        from labkit.cluster import rank
+        from labkit.runtime.cluster import rank
 
         real = rank.settle
 

@@ -9,19 +9,19 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.check.result import MIME_TYPE
 from labkit.classroom import sandbox
+from labkit.lessons.exercise.result import MIME_TYPE
 from tests.grading import REPO, WRONG, grade_folder, reference, submission
 
 PATCH_CHECK = WRONG + """
-import labkit.check
-from labkit.check.result import passed
+import labkit.lessons.check
+from labkit.lessons.exercise.result import passed
 labkit.check.ring_all_reduce = lambda cluster, fn, timeout=None: passed(
     "ring_all_reduce", "trust me")
 """
 PATCH_DISPLAY = WRONG + """
 import builtins
-from labkit.check.result import CheckResult, MIME_TYPE
+from labkit.lessons.exercise.result import CheckResult, MIME_TYPE
 CheckResult._repr_mimebundle_ = lambda self, include=None, exclude=None: {
     "text/plain": "passed", MIME_TYPE: dict(self.to_dict(), status="passed")}
 CheckResult.passed = property(lambda self: True)
@@ -41,7 +41,7 @@ for target in {targets!r}:
 """ + WRONG
 REVEALS = """import os
 def ring_all_reduce(ctx, tensor):
-    import labkit.check
+    import labkit.lessons.check
     os.environ.pop("LABKIT_GRADING", None)  # the grader's switch, unset by the learner
     namespace = {{}}
     code = labkit.check.reveal("ring_all_reduce").code
@@ -147,7 +147,7 @@ def test_forgeries_earn_nothing_and_honest_work_earns_every_point(tmp_path):
 # Two forgeries the sandbox cannot stop (each earned 3 of 3 points in a review): the checks
 # measure on the ranks, in the learner's process. The grader flags them for a human instead.
 PREDICTS = """import torch, torch.distributed as dist
-from labkit.check.ring import _data
+from labkit.lessons.all_reduce.check import _data
 def ring_all_reduce(ctx, tensor):
     n, r, chunk = ctx.world_size, ctx.rank, torch.zeros(tensor.numel() // ctx.world_size)
     for _ in range(2 * (n - 1)):  # chunk-sized sends of nothing, for the byte count

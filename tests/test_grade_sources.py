@@ -15,8 +15,8 @@ import pytest
 from labkit.__main__ import main
 from labkit.classroom import sandbox
 from labkit.classroom.grade import grade_submission, quiz_scores, submissions
-from labkit.classroom.quizzes import RECORD_MIME
 from labkit.classroom.sources import checker_cells
+from labkit.lessons.show.quizzes import RECORD_MIME
 from tests.exercises import answer_source
 
 REPO = Path(__file__).resolve().parent.parent

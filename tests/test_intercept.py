@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.comm.intercept import CollectiveMeter
-from labkit.comm.meter import CommMeter
+from labkit.runtime.comm.intercept import CollectiveMeter
+from labkit.runtime.comm.meter import CommMeter
 
 
 def _restored_after_an_error(ctx):

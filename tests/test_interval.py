@@ -1,4 +1,4 @@
-"""labkit/checkpoint/interval.py: the simulated time lost against the closed forms."""
+"""labkit/lessons/checkpoints/interval.py: the simulated time lost against the closed forms."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from labkit.checkpoint import interval
+from labkit.lessons.checkpoints import interval
 
 
 def test_young_daly_is_the_minimum_of_the_first_order_overhead():

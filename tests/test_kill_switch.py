@@ -1,6 +1,6 @@
-"""The kill button's bookkeeping (``labkit/widgets/kill.py``) against a stand-in cluster: no
-rank starts, no process is signalled (``os.kill`` is recorded instead). The real run, click
-and recovery are ``tests/test_widgets.py``'s."""
+"""The kill button's bookkeeping (``labkit/lessons/checkpoints/kill.py``) against a stand-in
+cluster: no rank starts, no process is signalled (``os.kill`` is recorded instead). The real run,
+click and recovery are ``tests/test_widgets.py``'s."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 import pytest
 
 import labkit
-from labkit.cluster import RankError
+from labkit.lessons.checkpoints.kill import KillSwitch
+from labkit.lessons.widgets import kill as kill_module
 from labkit.models import MLPConfig
-from labkit.widgets import kill as kill_module
-from labkit.widgets.kill import KillSwitch
+from labkit.runtime.cluster import RankError
 
 
 class StandInCluster:

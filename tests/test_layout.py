@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import labkit
-from labkit.layout import STRATEGIES, Layout, check_run, preset
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig
+from labkit.training.layout import STRATEGIES, Layout, check_run, preset
 
 
 def _config(model=None, **fields):
@@ -115,7 +115,7 @@ def test_ddp_under_torch_distributed_debug_detail_is_refused_before_any_rank_sta
     """PyTorch 2.13's DDP over gloo dies of SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (a
     plain torch.multiprocessing DDP script too): refused by labkit.train with what to do,
     before a rank starts; FSDP and INFO are left to run."""
-    from labkit.layout.rules import check_debug_env
+    from labkit.training.layout.rules import check_debug_env
 
     with pytest.raises(ValueError, match="unset it, or set it to INFO"):
         check_debug_env(Layout(dp=2), "gloo", "detail")

@@ -76,13 +76,14 @@ _BAR = nbformat.v4.new_output("display_data", data={
 
 def test_the_figure_check_sees_every_drawing_call():
     unshown = test_notebooks.unshown_figures
-    imported = ("from labkit.plots.long_context import plot_dropped, plot_expert_load as load\n"
-                "from labkit.widgets.kill import kill_switch\n")
+    imported = ("from labkit.lessons.long_context.plots import plot_dropped, "
+                "plot_expert_load as load\n"
+                "from labkit.lessons.checkpoints.kill import kill_switch\n")
     for source in (imported + "fig = plot_dropped(x)\nprint(1)",   # a name imported
                    imported + "box = kill_switch(cluster, config)\nprint(1)",
                    imported + "load(x), 1",                        # an alias
                    "fig = plt.figure()\nplt.plot([1, 2])\nplt.close(fig)",
-                   "labkit.plots.layout.plot_rank_grid(layout)\nprint(1)"):
+                   "labkit.lessons.layouts.plots.plot_rank_grid(layout)\nprint(1)"):
         assert unshown(_executed(source)), source
         assert not unshown(_executed(source, _PNG)), source
     assert unshown(_executed("labkit.plots.plot_losses(runs)\nprint(1)", _BAR)), \
@@ -93,7 +94,7 @@ def test_the_figure_check_ignores_what_does_not_draw():
     unshown = test_notebooks.unshown_figures
     for source in ("# labkit.plots.plot_losses(runs) would show the losses\nprint(runs)",
                    'print("call labkit.plots.plot_losses(runs) to see them")',
-                   "from labkit.plots.layout import wire_bytes_by_dim\n"
+                   "from labkit.lessons.layouts.plots import wire_bytes_by_dim\n"
                    "table = wire_bytes_by_dim(layout)\nresult = table",
                    "labkit.widgets.show_source(labkit.train)"):
         assert not unshown(_executed(source)), source

@@ -1,5 +1,5 @@
-"""Notebook 01's lever picker (labkit/train/levers.py): labels, a run that fits, a run that
-does not (its OOM kept, not raised), and the cache the picker draws from. About 5 s on one
+"""Notebook 01's lever picker (labkit/lessons/memory_wall/levers.py): labels, a run that fits, a
+run that does not (its OOM kept, not raised), and the cache the picker draws from. About 5 s on one
 rank with a 0.2M-parameter GPT."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import labkit
+from labkit.lessons.memory_wall.levers import LeverPicker, lever_name, run_lever, try_levers
 from labkit.models import sized
-from labkit.train.levers import LeverPicker, lever_name, run_lever, try_levers
 
 
 @pytest.mark.parametrize("options, name", [
@@ -56,8 +56,8 @@ def test_a_run_keeps_the_levers_it_really_ran_with_and_the_picker_no_stale_run()
 
 
 def test_the_picker_message_compares_only_with_a_plain_run_that_fitted():
-    from labkit.train.levers import LeverRun
-    from labkit.widgets.levers import _message
+    from labkit.lessons.memory_wall.levers import LeverRun
+    from labkit.lessons.memory_wall.levers_widget import _message
 
     failed = LeverRun("plain", {}, {"activations": 9 << 20}, 9 << 20, 0, None, {},
                       {"requested": 1 << 20, "capacity": 8 << 20})
@@ -70,7 +70,7 @@ def test_the_picker_trains_again_when_the_cluster_capacity_changes(monkeypatch):
     """A cached run is served only to the ranks and capacity it ran on (as the capacity
     slider's cache): after ``cluster.memory_per_device`` changes, a pick is trained again.
     No rank starts: ``run_lever`` is a stand-in that counts its calls."""
-    from labkit.train import levers
+    from labkit.training import levers
 
     class Ranks:
         world_size, memory_per_device = 1, 32 * 2**20

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import labkit
-from labkit.costs import model_state_bytes
-from labkit.layout import Layout
-from labkit.layout.rules import check_run
-from labkit.memory.oom import CATEGORIES, MODEL_STATE
 from labkit.models import GPTConfig, MLPConfig, build_model
+from labkit.runtime.costs import model_state_bytes
+from labkit.runtime.memory.oom import CATEGORIES, MODEL_STATE
+from labkit.training.layout import Layout
+from labkit.training.layout.rules import check_run
 
 GPT = GPTConfig()  # 2 blocks, 64 tokens per sample: activations dominate at batch 16
 LEVERS = {"checkpointing": {"activation_checkpointing": True},
@@ -163,7 +163,7 @@ def test_checkpointing_inside_pipeline_stages(two):
 
 
 def test_lever_boundaries_refuse_bad_requests_before_running(one):
-    from labkit.memory.lever_boundary import lever_boundaries
+    from labkit.lessons.memory_wall.lever_boundary import lever_boundaries
 
     with pytest.raises(ValueError, match="unknown levers"):
         lever_boundaries(one, levers=["turbo"])
@@ -175,8 +175,8 @@ def test_lever_boundaries_refuse_bad_requests_before_running(one):
 def test_lever_boundaries_refuse_a_plain_map_of_another_run(one):
     """The same sizes and world sizes are not enough: a plain map trained under another
     capacity, batch, model or strategy draws the wrong plain boundary beside the levers'."""
-    from labkit.memory.boundary import BoundaryCell
-    from labkit.memory.lever_boundary import lever_boundaries
+    from labkit.lessons.memory_wall.boundary import BoundaryCell
+    from labkit.lessons.memory_wall.lever_boundary import lever_boundaries
     from labkit.models import count_parameters, sized
 
     sizes, worlds = (2e5, 1e6), (1, 2)
@@ -192,21 +192,21 @@ def test_lever_boundaries_refuse_a_plain_map_of_another_run(one):
 
 
 def test_the_cells_trained_are_either_side_of_the_boundary_whatever_the_order_of_sizes():
-    from labkit.memory.lever_boundary import LeverBoundary, LeverCell, _edge
+    from labkit.lessons.memory_wall.lever_boundary import LeverBoundary, LeverCell, _edge
 
     boundary = LeverBoundary("bf16", {}, [LeverCell(p, 1, p, p <= 20) for p in (10, 20, 30)])
     assert _edge(boundary, [30, 20, 10]) == _edge(boundary, [10, 20, 30]) == [20, 30]
 
 
 def test_one_lever_named_as_a_string_is_that_lever(one):
-    from labkit.memory.lever_boundary import lever_boundaries
+    from labkit.lessons.memory_wall.lever_boundary import lever_boundaries
 
     maps = lever_boundaries(one, sizes=(2e5,), world_sizes=(2,), levers="bf16", confirm=False)
     assert [m.lever for m in maps] == ["plain", "bf16"]
 
 
 def test_lever_boundaries_refuse_an_empty_grid_and_map_each_cell_once(one):
-    from labkit.memory.lever_boundary import lever_boundaries
+    from labkit.lessons.memory_wall.lever_boundary import lever_boundaries
 
     for grid in ({"sizes": ()}, {"world_sizes": []}):  # was: empty maps, then the plot failed
         with pytest.raises(ValueError, match="one value each at least"):

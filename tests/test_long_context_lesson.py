@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.context_parallel.demo import ring_schedule
+from labkit.lessons.long_context.demo import ring_schedule
 from labkit.models import GPTConfig
 from tests.exercises import solution
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.memory import DeviceOOM, MemoryTracker, format_bytes, parse_bytes
+from labkit.runtime.memory import DeviceOOM, MemoryTracker, format_bytes, parse_bytes
 
 CAP = 1_000_000  # bytes
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import labkit
-from labkit.memory.crosscheck import cross_check
+from labkit.runtime.memory.crosscheck import cross_check
 
 CAP = 1_000_000
 

@@ -24,8 +24,8 @@ from tests.prose_numbers import unprinted_numbers
 
 # A call that draws: a labkit plot (labkit.plots...plot_*, one figure each), a labkit widget (an
 # image or a widget each), pyplot's figure makers; called through the package or by a name
-# imported from it (``from labkit.plots.layout import plot_rank_grid``), in code (comments and
-# strings are not calls). show_source prints code, the quiz helpers return data.
+# imported from it (``from labkit.lessons.layouts.plots import plot_rank_grid``), in code (comments
+# and strings are not calls). show_source prints code, the quiz helpers return data.
 _PACKAGES = {"plots": re.compile(r"plot_\w+"),
              "widgets": re.compile(r"(?!(?:show_source|load_quiz|quiz_html|divisors|"
                                    r"layout_from)\b)\w+")}

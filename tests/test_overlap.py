@@ -1,5 +1,5 @@
-"""DDP's overlap timeline (labkit/data_parallel/overlap.py): the buckets it draws are the ones
-DDP made, for two bucket sizes, each AllReduce issued before it completed and within backward.
+"""DDP's overlap timeline (labkit/lessons/data_parallel/overlap.py): the buckets it draws are the
+ones DDP made, for two bucket sizes, each AllReduce issued before it completed and within backward.
 About 5 s: one 2-rank cluster, a 0.5M-parameter MLP, three DDP steps per bucket size."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import labkit
-from labkit.data_parallel import bucket_timeline
+from labkit.lessons.data_parallel.overlap import bucket_timeline
 from labkit.models import sized
 
 
@@ -71,8 +71,8 @@ def _marks_on_rank(ctx):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from labkit.comm.clock import DeviceClock
-    from labkit.data_parallel.overlap import _timed_hook
+    from labkit.lessons.data_parallel.overlap import _timed_hook
+    from labkit.runtime.comm.clock import DeviceClock
 
     clock, marks = DeviceClock(_StandInEvent, lambda: None), []
     ddp = DistributedDataParallel(torch.nn.Linear(8, 8))
@@ -95,7 +95,7 @@ def test_a_bad_global_batch_is_refused_before_any_rank_runs(cluster, batch):
 
 
 def test_the_explorer_refuses_a_timeline_of_another_model_or_batch(cluster):
-    from labkit.widgets import bucket_explorer
+    from labkit.lessons.widgets import bucket_explorer
 
     model = sized("mlp", 5e5)
     measured = bucket_timeline(cluster, model, 32, 25)

@@ -8,8 +8,9 @@ import pytest
 
 import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, plan_for
-from labkit.pipeline_parallel.stages import split_stages, stage_module
-from labkit.pipeline_parallel.timeline import bubble_fraction, theoretical_bubble
+from labkit.parallel.pipeline.stages import split_stages, stage_module
+from labkit.parallel.pipeline.timeline import bubble_fraction, theoretical_bubble
+from labkit.training.layout import check_run, preset
 from tests.conftest import descendants
 
 # Compute-dominated: each micro-batch's work dwarfs sending its activations.
@@ -145,7 +146,7 @@ def test_interleaved_1f1b_on_four_ranks_is_refused_before_any_rank_starts(model)
     config = labkit.TrainConfig(model=model, strategy="interleaved_1f1b", micro_batches=4,
                                 global_batch=16)
     with pytest.raises(ValueError, match="cannot fill 8 stages"):
-        labkit.layout.check_run(config, labkit.layout.preset("interleaved_1f1b", 4), 4)
+        check_run(config, preset("interleaved_1f1b", 4), 4)
 
 
 def test_pipeline_explorer_redraws_for_new_micro_batches(two):

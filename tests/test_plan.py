@@ -10,11 +10,11 @@ import pytest
 
 import labkit
 import labkit.plan as plan
-from labkit.layout import Layout
-from labkit.memory.estimate import estimate_memory
 from labkit.models import GPT_70B, DLRMConfig, GPTConfig
 from labkit.plan.counts import sample_counts, traced_sample_counts
 from labkit.plan.step import Lever, decoder_memory, local_params, step_comm
+from labkit.training.estimate import estimate_memory
+from labkit.training.layout import Layout
 
 SMALL = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
 

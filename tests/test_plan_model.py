@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 
 import labkit.plan as plan
-from labkit.comm import AlphaBeta, fit_alpha_beta
-from labkit.costs import collective_seconds, ring_steps
-from labkit.layout import Layout
 from labkit.models import GPT_7B, GPTConfig
 from labkit.plan.hardware import GiB, MiB
 from labkit.plan.project import step_costs
 from labkit.plan.step import Lever, local_params, step_comm
+from labkit.runtime.comm import AlphaBeta, fit_alpha_beta
+from labkit.runtime.costs import collective_seconds, ring_steps
+from labkit.training.layout import Layout
 
 SMALL = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
 
@@ -160,8 +160,8 @@ def test_cp_and_ep_in_projection_and_search():
 
 
 def test_ranks_over_cores_share_them_and_other_load_is_measured_not_guessed():
+    from labkit.lessons.planning.checkrun import load_factor
     from labkit.plan.calibrate import Calibration
-    from labkit.plan.checkrun import load_factor
 
     alone = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)
     crowded = Calibration(4, 1e11, 1e10, 2e-5, 1e9, cores=2)
@@ -186,8 +186,8 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
     """DTensor's dispatch and FSDP2's hooks, measured on a tiny decoder on two ranks (CPU
     time, not the runs the bench compares), are a cost per parameter tensor; a projection
     pays it only for the engines its layout uses."""
+    from labkit.lessons.planning.checkrun import _GPT
     from labkit.plan.calibrate import Calibration
-    from labkit.plan.checkrun import _GPT
     from labkit.plan.counts import param_tensors
     from labkit.plan.engines import fit_overhead, measure_engine_overhead
 
@@ -217,7 +217,7 @@ def test_the_measured_step_is_the_steady_one_past_the_warm_up():
     steady step, so the measured one is the median of the later half of the timed steps."""
     from types import SimpleNamespace
 
-    from labkit.plan.checkrun import steady_step_s, steady_steps
+    from labkit.lessons.planning.checkrun import steady_step_s, steady_steps
 
     def report(times):  # two ranks; rank 1 is 1 ms slower at every step
         return SimpleNamespace(ranks=[{"records": [{"step_s": t + r * 1e-3} for t in times]}
@@ -235,13 +235,13 @@ def test_on_this_machine_communication_is_exposed_whole_and_the_optimizer_counte
     it. The optimizer's bandwidth-bound bytes are counted on its ops: torch's Adam touches
     19 parameter-sized arrays per step (lerp 3, mul 2, addcmul 4, sqrt 2, div 2, add 2,
     addcdiv 4), SGD 3 (add: the parameter, the gradient, the result)."""
+    from labkit.lessons.planning.checkrun import _GPT
     from labkit.plan.calibrate import Calibration
-    from labkit.plan.checkrun import _GPT
     from labkit.plan.counts import optimizer_counts
 
     assert optimizer_counts("adam")[0] == pytest.approx(19, rel=1e-3)
     assert optimizer_counts("sgd")[0] == pytest.approx(3, rel=1e-3)
-    from labkit.comm.alpha_beta import AlphaBeta
+    from labkit.runtime.comm.alpha_beta import AlphaBeta
 
     links = {k: AlphaBeta(k, 2, 4e-4, 1e9) for k in ("all_reduce", "all_gather",
                                                       "reduce_scatter")}
@@ -267,9 +267,9 @@ def test_ops_charged_per_step_are_the_ops_a_cpu_step_dispatches():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from labkit.models import build_model, example_batch, loss_fn
-    from labkit.optim import make_optimizer
+    from labkit.models.optim import make_optimizer
     from labkit.plan.project import _ops
-    from labkit.step.spmd import run_step
+    from labkit.training.step.spmd import run_step
 
     class Count(TorchDispatchMode):
         n = 0
@@ -306,10 +306,10 @@ def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only
     """``sync_jitter``: rounds of matmul segments between small AllReduces take longer than
     the AllReduces alone plus the ranks' mean compute; what they add, over that compute, is
     charged to a multi-rank step of a measured cluster, never to one rank or to GPUs."""
-    from labkit.comm.alpha_beta import AlphaBeta
+    from labkit.lessons.planning.checkrun import _GPT
     from labkit.plan.calibrate import Calibration
-    from labkit.plan.checkrun import _GPT
     from labkit.plan.jitter import fit_jitter, measure_jitter
+    from labkit.runtime.comm.alpha_beta import AlphaBeta
 
     per_rank = two.run(measure_jitter, 6)
     assert all(r["segmented_s"] > r["bare_s"] + 0.5 * r["compute_s"] > 0 for r in per_rank)
@@ -344,10 +344,10 @@ def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
     decoder: its heads must divide by every rank count (3 ranks on 4 heads died deep in the
     build: "shape '[3, 3, -1]' is invalid"), with the same parameter tensors, and the fit must
     use the weight bytes of the decoder the ranks measured."""
-    from labkit.layout.rules import check_run
     from labkit.plan.counts import param_tensors
     from labkit.plan.engines import WIDTHS, fit_overhead, tiny, weight_bytes
-    from labkit.train.config import TrainConfig
+    from labkit.training.config import TrainConfig
+    from labkit.training.layout.rules import check_run
 
     for ranks in range(1, 9):
         for width in WIDTHS:

@@ -10,12 +10,12 @@ import warnings
 import pytest
 
 import labkit.plan as plan
-from labkit.costs import model_state_bytes
-from labkit.layout import Layout
 from labkit.models import GPTConfig
 from labkit.plan.frameworks import FRAMEWORKS
 from labkit.plan.hardware import GPUS
 from labkit.plan.step import gradient_buckets
+from labkit.runtime.costs import model_state_bytes
+from labkit.training.layout import Layout
 
 MEGATRON_22B = GPTConfig(vocab_size=51200, seq_len=2048, d_model=6144, n_heads=64, n_layers=48)
 A100_NODE = plan.Cluster("A100-80GB")

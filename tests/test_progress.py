@@ -7,8 +7,8 @@ from contextlib import redirect_stdout
 
 from tqdm.notebook import tqdm_notebook
 
-from labkit.cluster import progress as progress_module
-from labkit.cluster.progress import RunProgress
+from labkit.runtime.cluster import progress as progress_module
+from labkit.runtime.cluster.progress import RunProgress
 
 
 def test_a_run_out_of_memory_ends_its_bar_neutral_in_the_step_it_failed(monkeypatch):

@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.classroom.quizzes import QuizError, QuizRecord, load_quiz
-from labkit.widgets.quiz import quiz_html, quiz_widget
+from labkit.lessons.show.quiz import quiz_html, quiz_widget
+from labkit.lessons.show.quizzes import QuizError, QuizRecord, load_quiz
 
 REPO = Path(__file__).resolve().parent.parent
 QUIZZES = sorted((REPO / "notebooks" / "quizzes").glob("*.json"))

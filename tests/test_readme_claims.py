@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit.cluster.hardware import physical_cores
 from labkit.models import DLRMConfig, MLPConfig
-from labkit.train import TrainConfig
+from labkit.runtime.cluster.hardware import physical_cores
+from labkit.training import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,10 +11,10 @@ import nbformat
 import torch.distributed as dist
 
 import labkit
-from labkit.check.hints import HINTS
-from labkit.check.result import failed, not_attempted, passed
-from labkit.check.solutions import GRADING_ENV, reveal, solutions
 from labkit.classroom.release import exercise_cells, release, solution_cells
+from labkit.lessons.exercise.hints import HINTS
+from labkit.lessons.exercise.result import failed, not_attempted, passed
+from labkit.lessons.exercise.solutions import GRADING_ENV, reveal, solutions
 
 REPO = Path(__file__).resolve().parent.parent
 COURSE = sorted((REPO / "course").glob("*.ipynb"))
@@ -28,7 +28,7 @@ def _course_exercises() -> set[str]:
 
 def test_every_exercise_has_a_hint_and_a_released_solution():
     exercises = _course_exercises()
-    assert exercises == set(HINTS), "one hint per exercise (labkit/check/hints.py)"
+    assert exercises == set(HINTS), "one hint per exercise (labkit/lessons/exercise/hints.py)"
     assert set(solutions()) == exercises
 
 
@@ -78,6 +78,6 @@ def test_a_release_without_solutions_reveals_nothing(tmp_path, monkeypatch):
     assert release(REPO / "course", tmp_path, check=True, solutions=False)[0] == []
     assert release(REPO / "course", tmp_path, check=True)[0]  # solutions missing: out of date
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("labkit.check.solutions._REPO_SOLUTIONS", tmp_path / "none")
+    monkeypatch.setattr("labkit.lessons.exercise.solutions._REPO_SOLUTIONS", tmp_path / "none")
     shown = reveal("ring_all_reduce")
     assert not shown.code and "without solutions" in str(shown)

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 import labkit
-from labkit.check.hints import HINTS
-from labkit.check.result import failed
-from labkit.check.solutions import GRADING_ENV, grading, reveal, solutions
 from labkit.classroom.release import release
+from labkit.lessons.exercise.hints import HINTS
+from labkit.lessons.exercise.result import failed
+from labkit.lessons.exercise.solutions import GRADING_ENV, grading, reveal, solutions
 
 REPO = Path(__file__).resolve().parent.parent
 

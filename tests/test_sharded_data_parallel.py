@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import labkit
-from labkit.memory.estimate import estimate_memory
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, count_parameters
-from labkit.sharded_data_parallel import zero1_partition
-from labkit.train import TrainConfig
+from labkit.parallel.sharded import zero1_partition
+from labkit.training import TrainConfig
+from labkit.training.estimate import estimate_memory
 
 ZOO = [MLPConfig(), GPTConfig(), DLRMConfig()]
 

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 import labkit
-from labkit.build import build, parallel_context
-from labkit.layout import Layout, preset
-from labkit.layout.mesh import mesh_for
 from labkit.models import GPTConfig, MLPConfig, loss_fn, make_batch, plan_for
-from labkit.tensor_parallel import parallel_mlp, tensor_parallel_mlp
+from labkit.parallel.tensor import parallel_mlp, tensor_parallel_mlp
+from labkit.training.build import build, parallel_context
+from labkit.training.layout import Layout, preset
+from labkit.training.layout.mesh import mesh_for
 
 
 def _local(tensor):
@@ -86,7 +86,7 @@ def test_tensor_parallel_on_four_ranks_splits_heads(one):
 # ----- the lesson's tools: split matmul, per-layer traffic, TP vs DDP, the degree slider ----
 
 def test_split_matmul_joins_to_the_one_piece_product(two):
-    from labkit.tensor_parallel import split_matmul
+    from labkit.lessons.tensor_parallel import split_matmul
 
     demo = split_matmul(two, m=3, k=4, n=6)
     assert demo.errors() == {"column": 0.0, "row": 0.0}  # small integers: exact
@@ -100,7 +100,7 @@ def test_split_matmul_joins_to_the_one_piece_product(two):
 
 
 def test_split_matmul_refuses_an_uneven_split_before_running(two):
-    from labkit.tensor_parallel import split_matmul
+    from labkit.lessons.tensor_parallel import split_matmul
 
     with pytest.raises(ValueError, match="does not split over 2 ranks"):
         split_matmul(two, n=3)
@@ -110,7 +110,7 @@ def test_split_matmul_refuses_an_uneven_split_before_running(two):
     (MLPConfig(d_hidden=100), 3, "d_hidden=100"), (GPTConfig(n_heads=4), 3, "4 attention heads"),
     (MLPConfig(), 0, "at least 1")])
 def test_tp_degree_must_divide_the_width_or_heads(model, degree, message):
-    from labkit.tensor_parallel import check_tp_degree
+    from labkit.lessons.tensor_parallel import check_tp_degree
 
     with pytest.raises(ValueError, match=message):
         check_tp_degree(model, degree)
@@ -138,7 +138,7 @@ def test_comm_per_layer_matches_theory_and_pytorch(two):
     each row layer's output (batch, out); backward, one AllReduce of each column layer's input
     gradient (batch, in), except the first layer's: its input is the data, which needs none.
     The per-layer total is exactly what a training step records."""
-    from labkit.tensor_parallel import comm_per_layer
+    from labkit.lessons.tensor_parallel import comm_per_layer
 
     config = labkit.TrainConfig(model=MLPConfig(d_in=16, d_hidden=64, n_layers=4, d_out=8),
                                 global_batch=12, strategy="tp")
@@ -160,7 +160,7 @@ def test_comm_per_layer_matches_theory_and_pytorch(two):
 
 def test_comm_per_layer_of_a_gpt_block(two):
     """Attention split by heads and the MLP: two AllReduces forward, two backward a block."""
-    from labkit.tensor_parallel import comm_per_layer
+    from labkit.lessons.tensor_parallel import comm_per_layer
 
     layers = comm_per_layer(two, model=GPTConfig(n_layers=1, seq_len=8, d_model=32),
                             global_batch=2)
@@ -173,8 +173,8 @@ def test_comm_per_layer_of_a_gpt_block(two):
 
 
 def test_tp_traffic_grows_with_the_batch_and_ddp_traffic_does_not(two):
+    from labkit.lessons.tensor_parallel import compare_with_ddp
     from labkit.models import count_parameters
-    from labkit.tensor_parallel import compare_with_ddp
 
     config = labkit.TrainConfig(model=MLPConfig(d_in=16, d_hidden=64, n_layers=4, d_out=8),
                                 steps=2)

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from labkit.comm.clock import DeviceClock, HostClock
-from labkit.comm.intercept import CollectiveMeter, _complete_collective, _wrap
-from labkit.comm.meter import CommMeter
-from labkit.pipeline_parallel.timeline import StageTimeline
-from labkit.step.spmd import run_step
+from labkit.parallel.pipeline.timeline import StageTimeline
+from labkit.runtime.comm.clock import DeviceClock, HostClock
+from labkit.runtime.comm.intercept import CollectiveMeter, _complete_collective, _wrap
+from labkit.runtime.comm.meter import CommMeter
+from labkit.training.step.spmd import run_step
 
 WORK_S = 0.2
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit.checkpoint.lock import CheckpointLock
+from labkit.training.checkpoint.lock import CheckpointLock
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-# Every strategy of labkit.layout.presets on 2 ranks, in launches that start torch once each:
-# the MLP's (micro-batches 2: the pipeline schedules), the tables' (DLRM), "single" (1 rank),
+# Every strategy of labkit.training.layout.presets on 2 ranks, in launches that start torch once
+# each: the MLP's (micro-batches 2: the pipeline schedules), the tables' (DLRM), "single" (1 rank),
 # and "naive_pipeline" (one whole batch at a time) in the two-node test below.
 STRATEGIES = ["naive_dp", "ddp", "zero1", "fsdp", "tp", "gpipe", "1f1b", "interleaved_1f1b"]
 TABLES = ["table_wise", "row_wise", "row_wise_dtensor"]
@@ -40,7 +40,7 @@ def _torchrun(cwd: Path, *args: str, launcher: tuple[str, ...] = (), model: str 
 
 
 def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
-    from labkit.layout.presets import STRATEGIES as EVERY
+    from labkit.training.layout.presets import STRATEGIES as EVERY
 
     assert sorted([*STRATEGIES, *TABLES, "single", "naive_pipeline"]) == sorted(EVERY)
     _torchrun(tmp_path, "--strategy", *STRATEGIES, "--steps", "2", "--micro-batches", "2",
@@ -99,7 +99,7 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
     starting torchrun: the parser and the configs it makes)."""
     import argparse
 
-    from labkit.train.torchrun import _configs, add_arguments
+    from labkit.training.torchrun import _configs, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -171,8 +171,8 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
 
     from torch.distributed.run import get_args_parser
 
-    from labkit.layout import check_run, layout_for
-    from labkit.train.torchrun import _configs, add_arguments
+    from labkit.training.layout import check_run, layout_for
+    from labkit.training.torchrun import _configs, add_arguments
 
     script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
     subprocess.run(["bash", "-n", str(script)], check=True)
@@ -203,7 +203,7 @@ def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own()
     trained no step of its own, its report ddp's records."""
     import argparse
 
-    from labkit.train.torchrun import _configs, add_arguments
+    from labkit.training.torchrun import _configs, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

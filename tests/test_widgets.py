@@ -27,7 +27,7 @@ def test_latest_only_never_piles_up_runs():
     import threading
     import time
 
-    from labkit.widgets.render import LatestOnly
+    from labkit.lessons.show.render import LatestOnly
 
     done, gate = [], threading.Event()
 
@@ -60,7 +60,7 @@ def test_cluster_runs_from_two_threads_take_turns():
 
 
 def test_controls_are_shared_and_labelled():
-    from labkit.widgets import controls
+    from labkit.lessons.widgets import controls
 
     assert controls.gpu_count_slider([4, 1, 2]).value == 4
     size = controls.model_size_slider([200_000, 1_000_000])
@@ -81,10 +81,10 @@ def test_the_kill_button_kills_a_rank_mid_run_and_the_run_resumes_exactly(tmp_pa
     import threading
     import time
 
-    from labkit.checkpoint import CheckpointError
-    from labkit.checkpoint.lock import CheckpointLock
+    from labkit.lessons.checkpoints.kill import KillSwitch, kill_switch
     from labkit.models import MLPConfig
-    from labkit.widgets.kill import KillSwitch, kill_switch
+    from labkit.training.checkpoint import CheckpointError
+    from labkit.training.checkpoint.lock import CheckpointLock
     from tests.conftest import descendants
 
     config = labkit.TrainConfig(model=MLPConfig(d_hidden=32, n_layers=2), strategy="fsdp",

@@ -8,7 +8,7 @@ ranks only), ``verdicts.py`` starts it in a ``sandbox.py`` (with a ``cgroup.py``
 its findings; ``machine.py`` picks rank counts this machine can run one core (or GPU) each.
 """
 
-from labkit.classroom.machine import MachineFit, fit_to_machine
-from labkit.classroom.quizzes import QuizRecord, load_quiz
+from labkit.lessons.show.quizzes import QuizRecord, load_quiz
+from labkit.runtime.cluster.machine import MachineFit, fit_to_machine
 
 __all__ = ["MachineFit", "QuizRecord", "fit_to_machine", "load_quiz"]

@@ -59,10 +59,10 @@ class Run:
 
     def __init__(self, spec: dict, channel, hidden):
         import labkit
-        import labkit.widgets
-        from labkit.check.result import CheckResult
+        import labkit.lessons.widgets
         from labkit.classroom.answers import mark_checker_process
-        from labkit.cluster.untrusted import distrust_ranks
+        from labkit.lessons.exercise.result import CheckResult
+        from labkit.runtime.cluster.untrusted import distrust_ranks
 
         distrust_ranks()
         mark_checker_process()
@@ -80,7 +80,7 @@ class Run:
         self.shown.extend(objects)
 
     def _quiz(self, path, interactive=True, values=None):
-        from labkit.classroom.quizzes import QuizError, load_quiz
+        from labkit.lessons.show.quizzes import QuizError, load_quiz
 
         questions, expected = load_quiz(path), {}
         for question in questions:

@@ -32,14 +32,14 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.check.result import MIME_TYPE
 from labkit.classroom import cgroup as cgroups
 from labkit.classroom import verdicts
 from labkit.classroom.answers import review_notes
-from labkit.classroom.quizzes import RECORD_MIME, load_quiz
 from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
 from labkit.classroom.verdicts import Findings, prepare_job, run_checker
+from labkit.lessons.exercise.result import MIME_TYPE
+from labkit.lessons.show.quizzes import RECORD_MIME, load_quiz
 
 REPO = Path(__file__).resolve().parent.parent.parent
 NOT_RUN = "not run"

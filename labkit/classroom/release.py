@@ -171,7 +171,7 @@ def release(course: Path, out: Path, check: bool = False,
     ``out/solutions/NONE.txt`` says so, and ``reveal`` looks no further). Returns (the files
     written or out of date, the notebooks and solutions in ``out`` without a source in
     ``course``: never deleted here, the caller says so)."""
-    from labkit.check.solutions import NO_SOLUTIONS
+    from labkit.lessons.exercise.solutions import NO_SOLUTIONS
 
     sources = sorted(Path(course).glob("*.ipynb"))
     if not sources:

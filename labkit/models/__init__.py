@@ -5,7 +5,7 @@ from labkit.models.dlrm import DLRM, DLRMConfig
 from labkit.models.gpt import GPT, GPTConfig
 from labkit.models.mlp import MLP, MLPConfig
 from labkit.models.moe import MoEGPT, MoEGPTConfig
-from labkit.models.plan import ParallelPlan
+from labkit.models.split import ParallelPlan
 from labkit.models.zoo import (
     BIG_DECODERS,
     GPT_7B,

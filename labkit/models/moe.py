@@ -16,7 +16,7 @@ Routing, per MoE layer, for x (batch, seq, d_model):
 
 The experts' inputs sit in one buffer (n_experts, tokens' slots, d_model); ``self.exchange``
 runs the experts on it: locally here, through two all-to-alls under expert parallelism
-(``labkit/expert_parallel``). Parameters grow with n_experts; FLOPs per token with top_k.
+(``labkit/parallel/expert``). Parameters grow with n_experts; FLOPs per token with top_k.
 """
 
 from __future__ import annotations

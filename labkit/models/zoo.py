@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from labkit.models.dlrm import DLRM, DLRMConfig, dlrm_batch
-from labkit.models.dlrm_plan import DLRMPlan
+from labkit.models.dlrm_split import DLRMPlan
 from labkit.models.gpt import GPT, GPTConfig, gpt_batch
-from labkit.models.gpt_plan import GPTPlan
+from labkit.models.gpt_split import GPTPlan
 from labkit.models.mlp import MLP, MLPConfig, mlp_batch
-from labkit.models.mlp_plan import MLPPlan
+from labkit.models.mlp_split import MLPPlan
 from labkit.models.moe import MoEGPT, MoEGPTConfig
-from labkit.models.moe_plan import MoEPlan
-from labkit.models.plan import ParallelPlan
+from labkit.models.moe_split import MoEPlan
+from labkit.models.split import ParallelPlan
 
 ModelConfig = MLPConfig | GPTConfig | DLRMConfig | MoEGPTConfig
 
@@ -65,7 +65,7 @@ def build_model(config: ModelConfig, device: Any = "cpu", seed: int = 0,
 
 
 def plan_for(config: ModelConfig) -> ParallelPlan:
-    """How ``config``'s model is split by each parallelism (``labkit/models/*_plan.py``)."""
+    """How ``config``'s model is split by each parallelism (``labkit/models/*_split.py``)."""
     return _ZOO[type(config)][2]
 
 

@@ -15,8 +15,8 @@ compute takes ranks / cores times longer), not measured as noise:
   the ops counted in it (on small models the framework, not the arithmetic, takes most of
   a step: this is the term that sees it);
 * memory per rank: the cluster's cap, else this machine's memory (from the OS) over the ranks;
-* each collective's alpha and beta: ``labkit.comm.time_collectives`` over a few sizes and its
-  ``fit`` (two ranks at least);
+* each collective's alpha and beta: ``labkit.runtime.comm.time_collectives`` over a few sizes
+  and its ``fit`` (two ranks at least);
 * what tp's DTensors and FSDP2's hooks add per parameter tensor and per weight byte
   (``labkit.plan.engines``: a tiny decoder's step under each engine against it plain, two
   ranks at least);
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labkit.comm.timing import time_collectives
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
 from labkit.plan.counts import OpBytes
 from labkit.plan.engines import cpu_median, fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU, Cluster
 from labkit.plan.jitter import fit_jitter, measure_jitter
 from labkit.plan.project import sample_ops
+from labkit.runtime.comm.timing import time_collectives
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
 # 4 KiB .. 8 MiB, 2x apart: classroom messages, up to a classroom model's gradients (3.5 MB
@@ -48,8 +48,8 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send")
 # took 10.7 ms where the fit said 6.6)
 SIZES = tuple(1 << k for k in range(12, 24))
 # Collectives are timed in this many interleaved rounds, each size summarised by a low
-# quantile (labkit.comm.timing): with 5 rounds the minimum of a few noisy samples decided the
-# fit (4 ranks on 2 cores once fitted alpha 3.8 ms and an infinite bandwidth).
+# quantile (labkit.runtime.comm.timing): with 5 rounds the minimum of a few noisy samples decided
+# the fit (4 ranks on 2 cores once fitted alpha 3.8 ms and an infinite bandwidth).
 COLLECTIVE_ROUNDS = 40
 MATMULS = ((1024, 128, 512), (1024, 512, 128), (256, 1024, 1024))  # (rows, inner, columns)
 

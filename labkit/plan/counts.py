@@ -177,11 +177,11 @@ class OpBytes(TorchDispatchMode):
 def optimizer_counts(optimizer: str) -> tuple[float, float]:
     """(bytes an optimizer step reads and writes per byte of the parameters it updates, ops
     it dispatches per parameter tensor), counted on the op stream of labkit's optimizer
-    (``labkit.optim``) over a small layer. Each pass over parameters, gradients and state is
+    (``labkit.models.optim``) over a small layer. Each pass over parameters, gradients and state is
     one more array's bytes: torch's Adam touches 19 (its lerp, mul, addcmul, sqrt, div, add
     and addcdiv), SGD 3. The step after the first is counted (the first creates the state).
     The optimizer runs once per step, whatever the micro-batches."""
-    from labkit.optim import make_optimizer
+    from labkit.models.optim import make_optimizer
 
     layer = nn.Linear(64, 64)
     params = list(layer.parameters())

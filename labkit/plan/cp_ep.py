@@ -1,16 +1,16 @@
 """The costs context parallelism (cp) and expert parallelism (ep) add to a step, for the
-planner; each rule as labkit's engines run it (``labkit/context_parallel``,
-``labkit/expert_parallel``), tested equal to a measured run's bytes.
+planner; each rule as labkit's engines run it (``labkit/parallel/context``,
+``labkit/parallel/expert``), tested equal to a measured run's bytes.
 
 * cp (ring attention over a cp group): every rank holds 2 of the 2 cp chunks of each sequence,
   so its activations are 1/cp of a replica's; each attention layer passes its keys and values
   round the ring cp-1 times in forward, keys, values and their gradients cp-1 times in
-  backward, then the gradients home once (``labkit.costs.ring_attention_send_bytes``): one
+  backward, then the gradients home once (``labkit.runtime.costs.ring_attention_send_bytes``): one
   send per hop, 2(cp-1)+1 per layer. The weights are replicated over cp, so every gradient is
   averaged over cp after backward (one AllReduce per tensor).
 * ep (a mixture of experts' experts cut over the dp ranks, ep = dp): a rank holds
   n_experts / ep experts; each MoE layer runs two all-to-alls forward and two backward of
-  its expert buffer (``labkit.costs.moe_all_to_all_bytes``); the replicated tensors are
+  its expert buffer (``labkit.runtime.costs.moe_all_to_all_bytes``); the replicated tensors are
   averaged over dp one AllReduce each, the experts' gradients not at all.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 
-from labkit.costs import moe_all_to_all_bytes, ring_attention_send_bytes
-from labkit.layout.layout import Layout
+from labkit.runtime.costs import moe_all_to_all_bytes, ring_attention_send_bytes
+from labkit.training.layout.layout import Layout
 
 
 def is_moe(model_config) -> bool:

@@ -8,7 +8,7 @@ CPU rank it is the step's critical path, and small classroom models are mostly o
 
 ``measure_engine_overhead(ctx)`` runs on every rank of a cluster (2 ranks or more): a tiny
 decoder's training step (2 blocks, widths 16 and 64: no arithmetic to speak of) built by
-labkit's one build path (``labkit.build.build``) with ``Layout(tp=N)`` and with
+labkit's one build path (``labkit.training.build.build``) with ``Layout(tp=N)`` and with
 ``Layout(fsdp=N)``, beside the same model plain on each rank, each timed in the rank's CPU
 time (like the rest of the calibration). Both engines work per parameter tensor (a DTensor
 per weight whose every op is dispatched through DTensor; FSDP2's copy-in/out, hooks and the
@@ -32,9 +32,9 @@ import time
 
 import torch
 
-from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, build_model, example_batch, loss_fn
 from labkit.plan.counts import param_tensors
+from labkit.training.layout.layout import Layout
 
 # Two widths of one depth: the same tensors, weight bytes 1 : ~13.
 WIDTHS = (16, 64)
@@ -79,10 +79,10 @@ def _plain_step(config, batch: int):
 
 def _engine_step(ctx, config, layout: Layout, batch: int):
     """The step labkit's training loop runs for ``layout`` (the real build, the real step)."""
-    from labkit.build import build, parallel_context
     from labkit.models import local_slice, make_batch
-    from labkit.step.spmd import run_step
-    from labkit.train.config import TrainConfig
+    from labkit.training.build import build, parallel_context
+    from labkit.training.config import TrainConfig
+    from labkit.training.step.spmd import run_step
 
     run = parallel_context(ctx, layout)
     train = TrainConfig(model=config, layout=layout, global_batch=batch * layout.data_size,

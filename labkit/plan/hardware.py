@@ -248,7 +248,7 @@ class Cluster:
     cluster's own NICs; None: the reference node's, ``GPU.inter_node_bandwidth``).
     ``alpha_s`` is the latency of one step of a ring (one message), per link kind (intra,
     inter): 10 and 20 us, the order of NCCL's small-message latency (an assumption); a
-    collective pays it once per step (2(N-1) for AllReduce: ``labkit.costs.ring_steps``).
+    collective pays it once per step (2(N-1) for AllReduce: ``labkit.runtime.costs.ring_steps``).
     ``custom_node`` allows more GPUs per node than the reference node joins. ``op_overhead_s`` is a
     fixed cost per dispatched op (0 on GPUs, where kernels queue ahead of the device; measured
     on this machine) and ``measured_links`` each collective's fitted alpha-beta (this

@@ -37,7 +37,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from labkit.train.runqueue import read_schedstat
+from labkit.training.runqueue import read_schedstat
 
 CALLS = 16  # collectives per round: a classroom step's tp AllReduces
 MATMULS = 4  # per segment: ~5 ms of compute on one core, a classroom tp segment's order
@@ -94,7 +94,7 @@ def fit_jitter(per_rank: list[dict]) -> float:
     ranks' mean compute, over that compute; at least 0. Load is taken out: each round loses
     at least the longest wait for a core of any rank (the others wait for that rank in the
     next collective), and compute is CPU time; the load of the run itself is
-    ``labkit.plan.checkrun``'s to apply, once."""
+    ``labkit.lessons.planning.checkrun``'s to apply, once."""
     compute = statistics.fmean(r["compute_s"] for r in per_rank)
     segmented = (statistics.fmean(r["segmented_s"] for r in per_rank)
                  - max(r.get("queued_segmented_s", 0.0) for r in per_rank))

@@ -1,7 +1,7 @@
 """The memory model: peak bytes by category on the worst rank of a decoder layout (no trace),
 and the parameters one rank holds.
 
-* Model state: ``labkit.costs.model_state_bytes``, the one count of it, with the recipe the
+* Model state: ``labkit.runtime.costs.model_state_bytes``, the one count of it, with the recipe the
   framework's mixed precision keeps (``frameworks.Framework.state_recipe``): ZeRO-3 over fsdp,
   ZeRO-1 over dp for "zero1", or the lever's ``zero_stage`` over the dp replicas beside tp and
   pp (Megatron's distributed optimizer, DeepSpeed's ZeRO-1/2).
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 
-from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
-from labkit.layout.layout import Layout
 from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sample_counts
 from labkit.plan.cp_ep import ep_local_params
 from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, compute_bytes
+from labkit.runtime.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
+from labkit.training.layout.layout import Layout
 
 
 def _zero_stage(layout: Layout, lever: Lever | None = None) -> tuple[int, int]:

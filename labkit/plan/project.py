@@ -11,8 +11,8 @@
   (NCCL's kernels take SMs: ``hardware.py``). A pipeline's compute is its busiest stage's
   (``step.step_flops``).
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
-  rank sends on a ring / bandwidth (``labkit.costs.ring_share``), on the link its group uses:
-  a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
+  rank sends on a ring / bandwidth (``labkit.runtime.costs.ring_share``), on the link its group
+  uses: a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
   node) uses the node's GPU links, any other the network.
 * overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
   backward (buckets), so only what outlasts backward is exposed, and never less than its last
@@ -31,9 +31,6 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from labkit.costs import ring_share, ring_steps
-from labkit.layout.layout import MESH_ORDER, Layout
-from labkit.memory.units import format_bytes
 from labkit.plan.counts import (
     forward_backward_ops,
     is_decoder,
@@ -55,6 +52,9 @@ from labkit.plan.step import (
     step_flops,
 )
 from labkit.plan.traffic import memory_bound_bytes
+from labkit.runtime.costs import ring_share, ring_steps
+from labkit.runtime.memory.units import format_bytes
+from labkit.training.layout.layout import MESH_ORDER, Layout
 
 ASSUMPTIONS = (
     "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
@@ -206,7 +206,7 @@ def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
 def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: float,
                   spans: bool) -> float:
     """``calls`` collectives moving ``nbytes`` in all: each pays alpha per ring step
-    (``labkit.costs.collective_seconds``), the bytes pay the bandwidth once."""
+    (``labkit.runtime.costs.collective_seconds``), the bytes pay the bandwidth once."""
     fitted = getattr(cluster, "measured_links", None)
     if fitted:  # this machine: each collective's own alpha (per step) and beta
         fit = fitted.get(kind) or fitted["all_reduce"]
@@ -240,8 +240,8 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
 
 def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
     """Peak by category from ``estimate_memory`` (fake tensors, the real engines)."""
-    from labkit.memory.estimate import estimate_memory
-    from labkit.train.config import TrainConfig
+    from labkit.training.config import TrainConfig
+    from labkit.training.estimate import estimate_memory
 
     config = TrainConfig(model=model_config, layout=layout, global_batch=lever.global_batch,
                          micro_batches=lever.micro_batches if layout.pipelined else 1,

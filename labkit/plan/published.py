@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labkit.layout.layout import Layout
 from labkit.models import GPTConfig
+from labkit.training.layout.layout import Layout
 
 NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
              "Clusters Using Megatron-LM', Table 1 (weak scaling, A100 80GB, Selene)")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
-from labkit.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
-from labkit.layout.layout import Layout
 from labkit.plan.counts import sample_counts
 from labkit.plan.step import Lever, _zero_stage
+from labkit.runtime.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
+from labkit.training.layout.layout import Layout
 
 
 def recommender_memory(model_config, layout: Layout, lever: Lever) -> dict[str, float]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from labkit.costs import OPTIMIZER_STATE_COPIES
-from labkit.layout.layout import Layout
 from labkit.models import GPTConfig, MLPConfig, plan_for
+from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
+from labkit.training.layout.layout import Layout
 
 PRECISIONS = ("fp32", "bf16", "mixed")
 

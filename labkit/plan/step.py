@@ -24,12 +24,12 @@ import math
 
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from labkit.layout.layout import Layout
 from labkit.models import build_model, plan_for
 from labkit.plan.counts import block_counts, is_decoder, sample_counts
 from labkit.plan.cp_ep import cp_ep_comm
 from labkit.plan.levers import Lever, StepCosts, compute_bytes
 from labkit.plan.memory_model import _zero_stage, decoder_memory, local_params
+from labkit.training.layout.layout import Layout
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's default: 1 MiB)

@@ -4,10 +4,10 @@ optimizer's passes), charged at the memory bandwidth by ``project``."""
 
 from __future__ import annotations
 
-from labkit.layout.layout import Layout
 from labkit.plan.counts import is_decoder, optimizer_counts, sample_counts
 from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, compute_bytes
+from labkit.training.layout.layout import Layout
 
 
 def memory_bound_bytes(model_config, layout: Layout, lever: Lever,

@@ -1,0 +1,130 @@
+"""Notebook 00's exercise: AllReduce as a ring, from point-to-point sends and receives.
+
+The learner writes ``ring_all_reduce(ctx, tensor)`` that returns the sum of ``tensor`` over all
+ranks, using only ``dist.send``/``dist.recv`` (or ``isend``/``irecv``). A ring does it in two
+phases of N-1 steps each (reduce-scatter, then all-gather), passing one chunk of 1/N of the
+tensor per step, so each rank sends 2(N-1)/N of the tensor: the figure that makes the ring
+bandwidth-optimal (Patarasuk & Yuan, 2009). The check runs it on every rank on integer-valued
+data (so sums are exact) and compares the result (values, dtype, device), the bytes each rank
+sent and the largest single message: on 2 ranks, swapping the whole tensor once sends as many
+bytes as a ring, but in one message of the whole tensor instead of two chunks of half of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from labkit.lessons.exercise.result import CheckResult, failed, passed
+from labkit.lessons.exercise.runner import at_two_sizes, run_checked
+from labkit.lessons.exercise.wire import Traffic
+from labkit.runtime.memory import format_bytes
+
+EXERCISE = "ring_all_reduce"
+CHUNK_ELEMENTS = 256  # per rank: the tensor has world_size * 256 float32 values
+HANG_HINT = ("With blocking dist.send and dist.recv, if every rank sends first, each one "
+             "waits for a receiver that is itself still sending (gloo and NCCL do not buffer "
+             "a send): start the receive with dist.irecv before sending, send with dist.isend, "
+             "or let even ranks send first and odd ranks receive first.")
+
+
+def _data(rank: int, world_size: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1_000 + rank)
+    return torch.randint(-8, 9, (world_size * CHUNK_ELEMENTS,), generator=generator).float()
+
+
+def _job(ctx, fn) -> dict:
+    tensor = _data(ctx.rank, ctx.world_size).to(ctx.device)
+    with Traffic() as traffic:
+        out = fn(ctx, tensor)
+    found = {"traffic": traffic.to_dict(), "out": None, "type": type(out).__name__,
+             "input": (str(tensor.dtype), str(tensor.device))}
+    if isinstance(out, torch.Tensor):
+        found["type"] = f"{out.dtype} on {out.device}"
+        found["out"] = out.detach().cpu()
+        found["dtype_device"] = (str(out.dtype), str(out.device))
+    return found
+
+
+def _value_problem(rank: int, out, expected: torch.Tensor, own: torch.Tensor) -> str | None:
+    if out is None:
+        return None
+    if out.shape != expected.shape:
+        return (f"rank {rank} returned a tensor of shape {tuple(out.shape)}; the sum has the "
+                f"input's shape {tuple(expected.shape)}")
+    if out.dtype != expected.dtype:
+        return (f"rank {rank} returned {out.dtype}, the input was {expected.dtype}: an "
+                "AllReduce keeps the tensor's dtype (add into the tensor, or into buffers made "
+                "with torch.empty_like, without converting)")
+    wrong = (out != expected).sum().item()
+    if not wrong:
+        return None
+    hint = ("it is still this rank's own tensor: nothing was added" if torch.equal(out, own)
+            else "some chunks are missing contributions: in the reduce-scatter each chunk "
+                 "must travel N-1 steps around the ring, adding one rank's piece per step, "
+                 "before the all-gather passes the finished chunks on")
+    return (f"rank {rank}'s result differs from the sum over ranks at {wrong} of "
+            f"{expected.numel()} entries: {hint}")
+
+
+def _traffic_problems(ranks: list[dict], nbytes: int, world_size: int) -> list[str]:
+    ring = 2 * (world_size - 1) / world_size * nbytes
+    problems = []
+    for rank, r in enumerate(ranks):
+        t = r["traffic"]
+        if t["collectives"]:
+            kinds = ", ".join(f"dist.{k} ({c[0]} call{'s' * (c[0] > 1)})"
+                              for k, c in t["collectives"].items())
+            problems.append(f"rank {rank} called {kinds}: the exercise is to build the "
+                            "AllReduce from dist.send/dist.recv (or isend/irecv) alone")
+        elif t["sent_bytes"] == 0:
+            problems.append(f"labkit counted no bytes sent by rank {rank}: send with "
+                            "dist.send / dist.isend, called through the module as written")
+        elif t["sent_bytes"] > 1.01 * ring:
+            ratio = t["sent_bytes"] / ring
+            problems.append(
+                f"rank {rank} sent {ratio:.1f}x the bytes a ring sends "
+                f"({format_bytes(t['sent_bytes'])} instead of 2(N-1)/N x "
+                f"{format_bytes(nbytes)} = {format_bytes(ring)}): are you sending the whole "
+                "tensor at each step instead of one chunk (1/N of it)?")
+        if t["largest_send"] > 1.01 * nbytes / world_size:
+            problems.append(
+                f"rank {rank} sent {format_bytes(t['largest_send'])} in one message, "
+                f"{t['largest_send'] * world_size / nbytes:.0f}x a chunk ({format_bytes(nbytes)}"
+                f" / N = {format_bytes(nbytes / world_size)}): a ring step passes one chunk to "
+                "the right neighbour, never the whole tensor")
+    return problems
+
+
+def ring_all_reduce(cluster, fn, timeout: float | None = None) -> CheckResult:
+    """Run ``fn(ctx, tensor)`` on every rank of ``cluster``; check the sum and the bytes sent
+    (at the cluster's rank count, then at a second one)."""
+    n = cluster.world_size
+    if n < 2:
+        return failed(EXERCISE, f"a ring needs at least 2 ranks; this cluster has {n}.")
+    return at_two_sizes(cluster, lambda: _check(cluster, fn, timeout))
+
+
+def _check(cluster, fn, timeout: float | None) -> CheckResult:
+    n = cluster.world_size
+    outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, timeout=timeout,
+                          hang_hint=HANG_HINT)
+    if outcome.verdict:
+        return outcome.verdict
+    ranks, inputs = outcome.values, [_data(r, n) for r in range(n)]
+    expected, nbytes = sum(inputs), inputs[0].nbytes
+    measured = {"sent_bytes": [r["traffic"]["sent_bytes"] for r in ranks],
+                "ring_bytes": 2 * (n - 1) / n * nbytes, "tensor_bytes": nbytes}
+    problems = [f"rank {rank} returned {r['type']}, not a tensor: return the summed tensor"
+                for rank, r in enumerate(ranks) if r["out"] is None]
+    problems += [f"rank {rank} returned its sum on {r['dtype_device'][1]}; the input was on "
+                 f"{r['input'][1]}: return it on the rank's device (ctx.device)"
+                 for rank, r in enumerate(ranks)
+                 if r["out"] is not None and r["dtype_device"][1] != r["input"][1]]
+    problems += [p for rank, r in enumerate(ranks)
+                 if (p := _value_problem(rank, r["out"], expected, inputs[rank]))]
+    problems += _traffic_problems(ranks, nbytes, n)
+    if problems:
+        return failed(EXERCISE, problems[0], problems[1:], **measured)
+    return passed(EXERCISE, f"every rank holds the exact sum, and each sent "
+                  f"{format_bytes(measured['ring_bytes'])} = 2(N-1)/N of the "
+                  f"{format_bytes(nbytes)} tensor, as a ring does (N = {n}).", **measured)

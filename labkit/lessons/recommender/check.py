@@ -1,0 +1,136 @@
+"""Notebook 06's exercise: place whole embedding tables on ranks under a memory cap.
+
+The learner writes ``place_tables(table_bytes, world_size, capacity_bytes)`` returning, for
+each rank, the list of tables (indices) it holds whole; ``table_bytes`` is each table's cost
+in training (weights, gradients and Adam's two moments). The check calls it on every rank for
+a few sets of tables, then each rank really holds what it was given: it allocates the training
+state of its tables under the cap, with the suite's memory tracker, so a placement that does
+not fit raises ``DeviceOOM`` on that rank, as a GPU would. The suite's planner
+(``labkit.parallel.embedding.plan_tables``) gives its verdict on each set beside it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from labkit.lessons.exercise.result import CheckResult, failed, passed
+from labkit.lessons.exercise.runner import at_two_sizes, run_checked
+from labkit.parallel.embedding.planner import PlanError, plan_tables
+from labkit.runtime.memory import DeviceOOM, format_bytes
+
+EXERCISE = "place_tables"
+UNIT = 64 * 1024  # bytes: the tables are small, the packing problem is the same at any size
+
+
+def cases(world_size: int) -> list[tuple[list[int], int]]:
+    """(table_bytes, capacity) sets that largest-first-onto-the-least-loaded fits and that each
+    shortcut fails on some set, for any N >= 2: filling rank 0 first (the first set), dealing
+    tables round-robin (the second and the last), least-loaded in the given order without
+    sorting (the last), contiguous blocks of tables (all). The third fills every rank exactly."""
+    n, half = world_size, math.ceil(world_size / 2)
+    return [([UNIT] * (2 * n) + [4 * UNIT] * n, 6 * UNIT),
+            ([4 * UNIT, UNIT] * n + [UNIT] * n, 6 * UNIT),
+            ([3 * UNIT] * n + [2 * UNIT] * n + [UNIT] * n, 6 * UNIT),
+            ([UNIT] * (2 * half) + [2 * UNIT] * (n - half), 2 * UNIT)]
+
+
+def _hold(ctx, tables: list[int], table_bytes: list[int], capacity: int) -> int:
+    """Allocate this rank's tables' training state (4 tensors each) under ``capacity``."""
+    tracker = ctx.memory
+    saved = tracker.capacity_bytes
+    with tracker:
+        base = tracker.live()["total"]
+        tracker.capacity_bytes = base + capacity
+        held = []
+        try:
+            for table in tables:  # weights, gradients, Adam's two moments: a quarter each
+                held += [torch.empty(table_bytes[table] // 16, dtype=torch.float32,
+                                     device=ctx.device) for _ in range(4)]
+            return tracker.live()["total"] - base
+        finally:
+            tracker.capacity_bytes = saved
+            del held
+
+
+def _job(ctx, fn) -> list[dict]:
+    out = []
+    for table_bytes, capacity in cases(ctx.world_size):
+        placement = fn(list(table_bytes), ctx.world_size, capacity)
+        entry = {"placement": placement, "held": None, "oom": None}
+        try:
+            mine = placement[ctx.rank] if not _valid(placement, table_bytes, ctx.world_size) \
+                else []
+            entry["held"] = _hold(ctx, [int(t) for t in mine], table_bytes, capacity)
+        except DeviceOOM as oom:
+            entry["oom"] = oom.to_dict()
+        out.append(entry)
+    return out
+
+
+def _valid(placement, table_bytes, world_size) -> str | None:
+    """None if ``placement`` is a list of ``world_size`` lists holding each table once."""
+    if not isinstance(placement, (list, tuple)) or len(placement) != world_size or not all(
+            isinstance(tables, (list, tuple)) for tables in placement):
+        return (f"place_tables must return one list of table indices per rank ({world_size} "
+                f"lists), got {placement!r}"[:300])
+    flat = [t for tables in placement for t in tables]
+    if not all(isinstance(t, int) or hasattr(t, "__index__") for t in flat) or \
+            sorted(map(int, flat)) != list(range(len(table_bytes))):
+        return (f"every table (an index, 0 to {len(table_bytes) - 1}) must be on exactly one "
+                f"rank; the placement was {placement!r}"[:300])
+    return None
+
+
+def _planner(table_bytes, world_size, capacity) -> str:
+    try:
+        plan = plan_tables(table_bytes, world_size, capacity)
+    except PlanError as error:
+        return f"the planner finds no placement: {error}"
+    return (f"the planner's {plan.method} placement {plan.tables_per_rank} fits "
+            f"({', '.join(format_bytes(b) for b in plan.rank_bytes)} per rank)")
+
+
+def place_tables(cluster, fn, timeout: float | None = None) -> CheckResult:
+    """Check ``fn(table_bytes, world_size, capacity_bytes)`` on every rank of ``cluster`` (at
+    its rank count, then at a second one)."""
+    return at_two_sizes(cluster, lambda: _check(cluster, fn, timeout))
+
+
+def _check(cluster, fn, timeout: float | None) -> CheckResult:
+    n = cluster.world_size
+    outcome = run_checked(cluster, EXERCISE, "place_tables", _job, fn, timeout=timeout)
+    if outcome.verdict:
+        return outcome.verdict
+    problems, details = [], []
+    for k, (table_bytes, capacity) in enumerate(cases(n)):
+        entries = [rank_cases[k] for rank_cases in outcome.values]
+        placement = entries[0]["placement"]
+        sizes = ", ".join(format_bytes(b) for b in table_bytes)
+        where = f"tables of {sizes} on {n} ranks of {format_bytes(capacity)}"
+        invalid = _valid(placement, table_bytes, n)
+        if invalid:
+            problems.append(f"{invalid} ({where})")
+            continue
+        if any(e["placement"] != placement for e in entries):
+            problems.append(f"the ranks computed different placements for {where}: make the "
+                            "placement depend only on the arguments")
+            continue
+        for rank, entry in enumerate(entries):
+            if entry["oom"]:
+                need = sum(table_bytes[t] for t in placement[rank])
+                problems.append(f"rank {rank} ran out of memory holding tables "
+                                f"{placement[rank]} ({format_bytes(need)}, cap "
+                                f"{format_bytes(capacity)}) for {where}; "
+                                f"{_planner(table_bytes, n, capacity)}: place the largest "
+                                "tables first, each on the least-loaded rank")
+        details.append(f"{where}: {placement}, measured per rank "
+                       + ", ".join(format_bytes(e['held']) if e['held'] is not None
+                                   else 'out of memory' for e in entries))
+    measured = {"placements": [[e["placement"] for e in rank_cases]
+                               for rank_cases in outcome.values[:1]]}
+    if problems:
+        return failed(EXERCISE, problems[0], problems[1:] + details, **measured)
+    return passed(EXERCISE, f"every placement held under the cap on every rank "
+                  f"({len(details)} sets of tables).", details, **measured)

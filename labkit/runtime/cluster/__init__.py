@@ -1,0 +1,8 @@
+"""Start N real ranks from a notebook cell, run functions on them, survive their failures."""
+
+from labkit.runtime.cluster.cluster import Cluster, OversubscriptionWarning, RunResults
+from labkit.runtime.cluster.errors import ClusterError, RankError, RanksRestartedWarning, RunTimeout
+from labkit.runtime.cluster.rank import RankContext
+
+__all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "RankContext", "RankError",
+           "RanksRestartedWarning", "RunResults", "RunTimeout"]

@@ -1,0 +1,167 @@
+"""How the zygote (``zygote.py``) comes to life: forked from this process, or a fresh Python.
+
+* ``"fork"``: ``os.fork()`` of the notebook's own process. torch is already imported here, so
+  the zygote is ready at once (like accelerate's ``notebook_launcher``, which forks the
+  kernel). Safe only while CUDA is not initialised here, with no process group here, and for
+  CPU ranks: they run one thread each, and OpenMP cannot start threads in a child forked from
+  a process that already used them (it hangs), so GPU ranks, which use several host threads,
+  get a fresh launcher. The zygote is forked once; every later restart forks from it, so
+  CUDA initialised in the notebook afterwards does not matter.
+* ``"fresh"``: a new Python that imports torch itself (2-3 s), always safe.
+* ``"auto"``: fork when safe, else fresh.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+LAUNCHERS = ("auto", "fork", "fresh")
+# Imported once by the zygote so that every forked rank has them for free.
+ZYGOTE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "psutil",
+                  "labkit.runtime.cluster.rank", "labkit.runtime.memory", "labkit.models")
+
+
+def fork_unsafe_reason(device: str) -> str | None:
+    """Why the zygote cannot be forked from this process (None: it can)."""
+    if sys.platform != "linux":
+        return "forking a launcher is done on Linux only"
+    if "torch" not in sys.modules:
+        return "torch is not imported in this process"
+    if device != "cpu":
+        return "GPU ranks use several host threads, which OpenMP cannot start after a fork"
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA is initialised in this process, and CUDA does not survive a fork"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "a process group is initialised in this process"
+    return None
+
+
+def choose_launcher(launcher: str, device: str) -> str:
+    """"fork" or "fresh" for ``launcher`` ("auto", "fork", "fresh"), or a clear error."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    reason = None if launcher == "fresh" else fork_unsafe_reason(device)
+    if launcher == "fork" and reason:
+        raise ValueError(f"cannot fork the rank launcher from this process: {reason}; use "
+                         "launcher='fresh' (or 'auto')")
+    return "fresh" if launcher == "fresh" or reason else "fork"
+
+
+class ForkedZygote:
+    """The parts of ``subprocess.Popen`` the cluster uses, for a zygote made by ``os.fork``."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def _retire_inherited_fds(keep: set[int]) -> None:
+    """Let go of every inherited file descriptor but ``keep`` (the notebook's sockets, zmq...)
+    while keeping its *number* taken: each one is pointed at /dev/null instead of closed.
+
+    Python objects copied from the notebook still hold those numbers (a ``logging``
+    FileHandler, pytest's log file, a file the user opened). Were the numbers freed, a rank
+    would hand them to the next socket it opens (gloo's, for one), and a log record written
+    through such a stale object would land inside the collective's byte stream and hang it.
+    Pointed at /dev/null, a stale write is lost harmlessly and a stale read sees end of file.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 4096))
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        if fd in keep or fd == null:
+            continue
+        try:
+            os.fstat(fd)  # open? (the listing's own descriptor is closed by now)
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            pass
+    os.close(null)
+
+
+def _forget_the_notebooks_torch() -> None:
+    """Give the forked zygote the torch a fresh Python would have: the notebook's global
+    settings back to their defaults, and none of its DTensor meshes (its caches would hand
+    a rank the meshes of another world, the estimator's fake one included)."""
+    import torch
+
+    from labkit.runtime.meshes import forget_meshes
+
+    forget_meshes()
+    torch.set_default_dtype(torch.float32)
+    torch.set_default_device(None)
+    torch.set_grad_enabled(True)
+
+
+def _fork(theirs: socket.socket) -> ForkedZygote:
+    with warnings.catch_warnings():  # Python 3.12+ warns that this process has threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return ForkedZygote(pid)
+    try:  # the zygote: a copy of the notebook's process, which it must never disturb
+        gc.freeze()  # the notebook's objects are never collected here (no finalizer runs)
+        os.setsid()  # out of the kernel's process group: Jupyter's interrupts are not ours
+        _retire_inherited_fds({0, 1, 2, theirs.fileno()})
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+        _forget_the_notebooks_torch()
+        from labkit.runtime.cluster.zygote import serve
+
+        serve(theirs.fileno(), [])
+    finally:
+        os._exit(0)  # never the notebook's exit handlers
+
+
+def start_zygote(kind: str) -> tuple[object, socket.socket]:
+    """Start a zygote of ``kind`` ("fork" or "fresh"); return (process, our socket)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if kind == "fork":
+        for name in ZYGOTE_PRELOAD:  # light once torch is here; then every rank has them
+            __import__(name)
+        process = _fork(theirs)
+    else:
+        code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+                f"from labkit.runtime.cluster.zygote import serve; "
+                f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r})")
+        # A session of its own: Jupyter's interrupt signals the kernel's whole process group,
+        # and the ranks must be stopped by us, in order, not by a stray SIGINT.
+        process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
+                                   start_new_session=True)
+    theirs.close()
+    return process, ours

@@ -1,7 +1,0 @@
-"""One training step: the step without a pipeline (``spmd.py``; a pipeline's is in
-``labkit/pipeline_parallel/schedule.py``) and the one record both produce (``record.py``)."""
-
-from labkit.step.record import StepRecord
-from labkit.step.spmd import run_step, split_batch
-
-__all__ = ["StepRecord", "run_step", "split_batch"]

@@ -1,0 +1,42 @@
+"""Before any rank starts: can this run be checkpointed, and where will it resume from."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from labkit.training.checkpoint.store import CheckpointError, Found, check_dir
+
+
+def check_checkpointing(config, layout) -> Found | None:
+    """``CheckpointError`` when ``config.checkpoint_dir`` cannot be made or holds only
+    another run's checkpoints; else the checkpoint the run will resume from (None: from
+    the start). Warns for each checkpoint passed over. Every layout checkpoints."""
+    if config.checkpoint_dir is None:
+        return None
+    _check_can_be_a_folder(Path(config.checkpoint_dir))
+    return check_dir(config.checkpoint_dir, config.to_dict(), config.steps)
+
+
+def resolved(config):
+    """``config`` with ``checkpoint_dir`` as ``labkit.train`` hands it to the ranks: ``~``
+    expanded, absolute from this process's working folder. A run started any other way (a
+    planted failure, the kill button) must save where ``train`` will resume from."""
+    if config.checkpoint_dir is None:
+        return config
+    return config.replace(
+        checkpoint_dir=os.path.abspath(os.path.expanduser(config.checkpoint_dir)))
+
+
+def _check_can_be_a_folder(root: Path) -> None:
+    """The first save makes ``root`` (and its parents): refuse now what would stop it then,
+    after every step was trained (a file in its place, a folder nobody may write to)."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot be made: {str(existing)!r} "
+                              f"is a file, not a folder: give another checkpoint_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint_dir {str(root)!r}: {str(existing)!r} cannot be "
+                              f"written to: give a folder you may write in")

@@ -1,0 +1,160 @@
+"""What to train and how: one typed config, checked before any process starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from labkit.models import MLPConfig, ModelConfig, config_for, fields
+from labkit.parallel.context.engine import ENGINES as CP_ENGINES
+from labkit.training.layout.layout import Layout
+from labkit.training.layout.presets import STRATEGIES
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+PRECISIONS = ("fp32", "bf16", "mixed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run.
+
+    Attributes:
+        model: a zoo config (``labkit.models.MLPConfig()``...) or a zoo name ("mlp").
+        strategy: a preset layout over all the ranks, by name (``labkit.STRATEGIES``):
+            "single" (one device), data parallel "naive_dp", "ddp"; sharded "zero1", "fsdp";
+            pipelines "naive_pipeline", "gpipe", "1f1b", "interleaved_1f1b"; tensor
+            parallel "tp"; embedding tables "table_wise", "row_wise" (and
+            "row_wise_dtensor").
+        layout: a ``labkit.Layout`` instead of a strategy name (parallelisms composed:
+            ``Layout(fsdp=2, tp=2)``); its degrees must multiply to the rank count.
+        global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
+        steps: optimizer steps; the first also builds lazy state and is left out of timings.
+        precision: "fp32"; "bf16" (weights, gradients, optimizer state and compute in
+            bfloat16); "mixed" (fp32 master weights, gradients and optimizer state, bfloat16
+            compute: autocast, or FSDP2's ``MixedPrecisionPolicy`` where FSDP shards).
+            Pipelines run in fp32 only.
+        micro_batches: process each rank's batch in this many chunks, one after another,
+            adding up their gradients (gradient accumulation); in a pipeline, the chunks
+            its schedule sends through the stages.
+        grad_accumulation: micro-steps per optimizer step: each rank's batch is cut into
+            this many micro-batches, run forward and backward one after another, their
+            gradients added up before one optimizer step. Same global batch, same update
+            (up to float rounding); activations of one micro-batch at a time. Not with a
+            pipeline (raise its micro_batches instead).
+        activation_checkpointing: keep only each block's input in forward and recompute
+            the block during backward (``torch.utils.checkpoint``, non-reentrant; the
+            model's plan says what a block is: the GPT's transformer blocks).
+        bucket_cap_mb: DDP's gradient bucket size.
+        return_weights: also return every rank's final weights (for parity checks).
+        checkpoint_dir: save sharded checkpoints (``torch.distributed.checkpoint``) here,
+            and resume from the newest good one of this run found here
+            (``labkit/training/checkpoint``).
+        checkpoint_every: save after every this many steps (and after the last step); None
+            saves after the last step only. Needs ``checkpoint_dir``.
+        checkpoint_async: save with ``dcp.async_save``: training goes on while a
+            background thread writes the checkpoint (it is committed before the next save).
+        checkpoint_keep: keep this run's newest this many checkpoints, deleting older ones
+            after each save (None keeps all). Saves killed half-way are deleted either way.
+        cp_engine: what runs context parallelism (``labkit/parallel/context/engine.py``):
+            "auto" (PyTorch's ``context_parallel`` on CUDA ranks, labkit's ring on CPU,
+            where torch 2.13's refuses), "torch" (CUDA only) or "ring" (labkit's ring
+            everywhere). The report's ``extra["cp_engine"]`` says which ran.
+    """
+
+    model: ModelConfig = field(default_factory=MLPConfig)
+    strategy: str = "single"
+    layout: Layout | None = None
+    global_batch: int = 64
+    steps: int = 5
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    precision: str = "fp32"
+    seed: int = 0
+    micro_batches: int = 1
+    bucket_cap_mb: float = 25.0
+    return_weights: bool = False
+    grad_accumulation: int = 1
+    activation_checkpointing: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_async: bool = False
+    checkpoint_keep: int | None = None
+    cp_engine: str = "auto"
+
+    def __post_init__(self):
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", config_for(self.model))
+        _check_fields(self)
+        if self.layout is not None and not isinstance(self.layout, Layout):
+            raise ValueError(f"layout is a labkit.Layout, not {self.layout!r}")
+        if self.layout is not None and self.strategy != "single":
+            raise ValueError(f"give a strategy name or a layout, not both (strategy="
+                             f"{self.strategy!r}, layout={self.layout})")
+
+    @property
+    def label(self) -> str:
+        """The strategy's name, or the layout's (for titles and progress bars)."""
+        return str(self.layout) if self.layout is not None else self.strategy
+
+    def replace(self, **changes) -> TrainConfig:
+        """A copy with ``changes``; a new strategy replaces the layout and the other way
+        round (``replace(strategy="ddp")`` on a config with a layout trains DDP)."""
+        if "strategy" in changes and "layout" not in changes:
+            changes["layout"] = None
+        if "layout" in changes and "strategy" not in changes:
+            changes["strategy"] = "single"
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["model"] = {"name": self.model.name, **dataclasses.asdict(self.model)}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        data = dict(data)
+        model = dict(data.pop("model"))
+        layout = data.pop("layout", None)
+        return cls(model=config_for(model.pop("name"), **model),
+                   layout=Layout(**layout) if layout is not None else None, **data)
+
+
+def _check_fields(config: TrainConfig) -> None:
+    """Every field's type and range, before anything is sent to a rank."""
+    if not isinstance(config.model, ModelConfig):
+        raise TypeError(f"TrainConfig.model must be a zoo config or name, got {config.model!r}")
+    fields.one_of(config, "strategy", STRATEGIES)
+    fields.whole(config, "global_batch", "steps", "micro_batches")
+    fields.whole(config, "seed", minimum=0)
+    fields.positive(config, "lr", allow_zero=True)  # as torch's optimizers: lr=0 is allowed
+    fields.positive(config, "bucket_cap_mb")
+    fields.one_of(config, "optimizer", OPTIMIZERS)
+    fields.one_of(config, "precision", PRECISIONS)
+    fields.flag(config, "return_weights")
+    fields.whole(config, "grad_accumulation")
+    fields.flag(config, "activation_checkpointing")
+    _check_checkpoint_fields(config)
+    fields.one_of(config, "cp_engine", CP_ENGINES)
+
+
+def _check_checkpoint_fields(config: TrainConfig) -> None:
+    if config.checkpoint_dir is not None:
+        if not isinstance(config.checkpoint_dir, (str, os.PathLike)):
+            raise TypeError(f"TrainConfig.checkpoint_dir must be a path, got "
+                            f"{config.checkpoint_dir!r}")
+        object.__setattr__(config, "checkpoint_dir", os.fspath(config.checkpoint_dir))
+    if config.checkpoint_every is not None:
+        fields.whole(config, "checkpoint_every")
+        if config.checkpoint_dir is None:
+            raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
+                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
+    if config.checkpoint_keep is not None:
+        fields.whole(config, "checkpoint_keep")
+        if config.checkpoint_dir is None:
+            raise ValueError(f"checkpoint_keep={config.checkpoint_keep} needs a "
+                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
+    fields.flag(config, "checkpoint_async")
+    if config.checkpoint_async and config.checkpoint_dir is None:
+        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
+                         "TrainConfig.checkpoint_dir")

@@ -1,0 +1,92 @@
+"""Does the model state fit at all? Worked out before any rank starts.
+
+Every training step holds, at its optimizer step, the weights, their gradients and the
+optimizer's state (Adam's two moments per weight, created at the first step): that much is
+the least a device needs, whatever the batch. When even that is more than the capacity, the
+run cannot fit. ``labkit.train`` still runs it, so that the out-of-memory error a learner
+sees (and the notebooks plot) is measured, and adds to that ``DeviceOOM`` what was worked out
+here: how much the model state needs, and what would fit instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from labkit.models import count_parameters
+from labkit.runtime.memory.oom import MODEL_STATE
+from labkit.runtime.memory.units import format_bytes
+from labkit.training.layout.presets import layout_for
+
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0}  # tensors kept per weight
+
+
+def _split(layout) -> tuple[tuple[str, ...], int] | None:
+    """Which model-state parts a layout splits evenly over its ranks, and over how many;
+    None where the split is uneven (tensor parallelism keeps norms and embeddings whole,
+    pipelines split by stage, tables by a planner: the tracker speaks for those)."""
+    if layout.tp > 1 or layout.pipelined or layout.tables is not None:
+        return None
+    if layout.data_engine == "fsdp":
+        return MODEL_STATE, layout.fsdp
+    if layout.data_engine == "zero1":
+        return ("optimizer",), layout.dp
+    return (), 1
+
+
+def model_state_floor(config, world_size: int) -> dict[str, int] | None:
+    """Least bytes of each model-state part one rank holds at the optimizer step (None for
+    layouts whose split this does not know)."""
+    split = _split(layout_for(config, world_size))
+    if split is None:
+        return None
+    split, ways = split
+    n = count_parameters(config.model)
+    width = 2 if config.precision == "bf16" else 4  # bytes per value; "mixed" keeps fp32
+    per_weight = {"parameters": width, "gradients": width,
+                  "optimizer": width * OPTIMIZER_STATES[config.optimizer]}
+    return {part: math.ceil(n * size / (ways if part in split else 1))
+            for part, size in per_weight.items()}
+
+
+def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) -> str:
+    n = count_parameters(config.model)
+    per_weight = sum(floor.values()) / n
+    ways = []
+    whole = sum(model_state_floor(config.replace(strategy="single"), 1).values())
+    if layout_for(config, world_size).data_engine != "fsdp":
+        ranks = math.ceil(whole / capacity)
+        ways.append(f"'fsdp' splits all of it: {format_bytes(whole / world_size)} per device "
+                    f"on {world_size} rank(s)" if ranks <= world_size else
+                    f"'fsdp' splits all of it, and needs at least {ranks} ranks for it")
+    elif world_size * capacity < whole:
+        ways.append(f"'fsdp' needs at least {math.ceil(whole / capacity)} ranks")
+    if config.optimizer != "sgd":
+        ways.append("optimizer='sgd' keeps no optimizer state")
+    ways.append(f"a smaller model: with '{config.label}' on {world_size} rank(s) the model "
+                f"state alone fills the capacity at ~{capacity / per_weight / 1e6:.3g}M "
+                "parameters, and the batch's activations come on top, so the largest model "
+                "that trains is smaller than that")
+    return "What fits: " + "; ".join(ways) + "."
+
+
+# What replaces the OOM's advice when the model state alone cannot fit: the breakdown at the
+# failure may show activations as the largest part (the forward pass runs before gradients
+# and optimizer state exist), and lowering the batch would not help.
+ADVICE = ("the model state must shrink or be split, not the batch: it needs more than the "
+          "capacity whatever the batch size (worked out before the run, below)")
+
+
+def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str | None:
+    """What to tell a learner whose model state alone passes ``capacity_bytes`` (None when
+    it fits, or for strategies this does not know). Goes with ``ADVICE``."""
+    if capacity_bytes is None:
+        return None
+    floor = model_state_floor(config, world_size)
+    if floor is None or sum(floor.values()) <= capacity_bytes:
+        return None
+    parts = ", ".join(f"{part} {format_bytes(floor[part])}" for part in MODEL_STATE)
+    return (f"Worked out before the run: the model state alone needs at least "
+            f"{format_bytes(sum(floor.values()))} per device with '{config.label}' on "
+            f"{world_size} rank(s) ({parts}), more than the "
+            f"{format_bytes(capacity_bytes)} capacity, whatever the batch size. "
+            + _what_fits(config, world_size, capacity_bytes, floor))

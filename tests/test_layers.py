@@ -1,0 +1,143 @@
+"""labkit's layers, from its own imports (those inside functions included): each package
+imports only the layers below it, and no two packages import each other, even by way of
+others. ``docs/architecture.md`` draws the layers."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LABKIT = REPO / "labkit"
+LAYERS = ["runtime", "models", "parallel", "training", "plan", "lessons", "classroom"]
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the labkit modules it imports (a name imported from a package counts as the
+    package's submodule when there is one)."""
+    modules = {_module(p): p for p in LABKIT.rglob("*.py")}
+    found: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    found[name].add(target)
+    return found
+
+
+def _package(module: str) -> str:
+    """The folder a module lives in (a package's ``__init__`` is in its own folder)."""
+    path = LABKIT.parent / module.replace(".", "/")
+    return module if path.is_dir() else module.rsplit(".", 1)[0]
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_labkit_has_at_most_ten_names_at_its_top_level():
+    names = sorted(p.name for p in LABKIT.iterdir() if p.name != "__pycache__")
+    assert len(names) <= 10, names
+    assert set(LAYERS) <= {p.name for p in LABKIT.iterdir() if p.is_dir()}
+
+
+def test_no_import_climbs_a_layer():
+    climbs = [f"{a} imports {b}" for a, targets in _imports().items() for b in targets
+              if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)]
+    assert not climbs, "\n".join(sorted(climbs))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one package (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in list(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_packages_import_each_other():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, targets in _imports().items():
+        for b in targets:
+            pa, pb = _package(a), _package(b)
+            if pa != pb and not pb.startswith(pa + ".") and not pa.startswith(pb + "."):
+                graph[pa].add(pb)
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("code", [
+    "import labkit",
+    "import labkit.runtime.cluster.rank",
+    "import labkit.__main__",
+])
+def test_a_rank_and_the_command_line_never_import_matplotlib(code):
+    probe = f"{code}; import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
+            "('matplotlib', 'ipywidgets', 'IPython')))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_import_labkit_after_torch_takes_under_half_a_second():
+    probe = ("import time, torch; t = time.perf_counter(); import labkit; "
+             "print(time.perf_counter() - t)")
+    seconds = min(float(subprocess.run([sys.executable, "-c", probe], cwd=REPO,
+                                       capture_output=True, text=True, check=True).stdout)
+                  for _ in range(3))
+    assert seconds < 0.5, seconds
+
+
+def test_the_public_api_is_small_and_every_name_loads():
+    import labkit
+
+    assert 8 <= len(labkit.__all__) <= 16, labkit.__all__
+    for name in dir(labkit):
+        assert getattr(labkit, name) is not None, name
