@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import labkit
-from labkit.lessons.check import result
+from labkit.lessons.exercise import result
 from labkit.parallel.tensor import copy_to_parallel_region, reduce_from_parallel_region
 from tests.exercises import solution
 

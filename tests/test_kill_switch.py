@@ -11,8 +11,8 @@ import time
 import pytest
 
 import labkit
+from labkit.lessons.checkpoints import kill as kill_module
 from labkit.lessons.checkpoints.kill import KillSwitch
-from labkit.lessons.widgets import kill as kill_module
 from labkit.models import MLPConfig
 from labkit.runtime.cluster import RankError
 

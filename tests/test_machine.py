@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.classroom import machine
+from labkit.runtime.cluster import machine
 
 
 @pytest.fixture

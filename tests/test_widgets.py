@@ -60,7 +60,7 @@ def test_cluster_runs_from_two_threads_take_turns():
 
 
 def test_controls_are_shared_and_labelled():
-    from labkit.lessons.widgets import controls
+    from labkit.lessons.show import controls
 
     assert controls.gpu_count_slider([4, 1, 2]).value == 4
     size = controls.model_size_slider([200_000, 1_000_000])

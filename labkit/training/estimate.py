@@ -12,7 +12,7 @@ first step), for any size: a 70B-parameter decoder costs a few seconds and no me
 
 Ranks whose memory can differ are traced one by one (each pipeline stage; each rank of a
 group that shares embedding tables) and the highest peak is the estimate. A pipeline stage is
-stepped through its schedule's order (``pipeline_parallel/trace.py``). What lives outside the
+stepped through its schedule's order (``parallel/pipeline/trace.py``). What lives outside the
 traced step is added from its documented size (DDP's gradient buckets: DDP does not run on
 fake tensors).
 

@@ -2,8 +2,8 @@
 
 Per run: the layout's mesh, this rank's model built in the fixed order (``labkit/training/build``),
 observers for what the layout measures besides the step. Per step: this rank's slice of the
-batch, the step (without a pipeline, ``step/spmd.py``; through one,
-``pipeline_parallel/schedule.py``) under the collective meter, and one ``StepRecord``.
+batch, the step (without a pipeline, ``training/step/spmd.py``; through one,
+``parallel/pipeline/schedule.py``) under the collective meter, and one ``StepRecord``.
 
 An observer has three calls, all outside the step's timing and its meter:
 ``on_build(run, built, config)``, ``after_backward(run, built)`` and

@@ -57,7 +57,7 @@ def _timed_hook(marks: list, clock):
     """DDP's default averaging, with a clock mark at issue and at completion.
 
     On a GPU the host only queues work, and the future's callback may run before NCCL is done:
-    the marks are the clock's (``comm/clock.py``: CUDA events; the callback runs on streams
+    the marks are the clock's (``runtime/comm/clock.py``: CUDA events; the callback runs on streams
     that wait for the AllReduce), resolved to seconds after backward."""
     import torch.distributed as dist
 

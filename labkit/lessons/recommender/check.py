@@ -17,7 +17,7 @@ import torch
 
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
-from labkit.parallel.embedding.planner import PlanError, plan_tables
+from labkit.parallel.embedding.placement import PlanError, plan_tables
 from labkit.runtime.memory import DeviceOOM, format_bytes
 
 EXERCISE = "place_tables"

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from labkit.lessons.memory_wall.plots import _scale
 from labkit.lessons.recommender.plots import PART_COLORS, PART_LABELS
-from labkit.parallel.embedding.planner import PlanError
+from labkit.parallel.embedding.placement import PlanError
 from labkit.parallel.embedding.results import memory_by_part
 from labkit.parallel.embedding.sizing import dlrm_plan
 from labkit.runtime.memory.oom import DeviceOOM

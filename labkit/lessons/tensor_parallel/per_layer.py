@@ -2,9 +2,9 @@
 collective, in the forward or the backward pass, how many bytes, for how long.
 
 A training record says how many collectives a step issued; this says where. One forward and
-backward of the ``tp`` strategy's model (built by the training path, ``labkit/training/build``) runs
-under ``comm/intercept.py``'s CollectiveMeter (the same meter and clock training uses: device
-time on GPUs), and hooks on the split layers name the layer each collective belongs to:
+backward of the ``tp`` strategy's model (built by the training path, ``labkit/training/build``)
+runs under ``runtime/comm/intercept.py``'s CollectiveMeter (the same meter and clock training uses:
+device time on GPUs), and hooks on the split layers name the layer each collective belongs to:
 
 * forward: from a layer's forward pre-hook to its forward hook, registered around DTensor's
   own hooks, so the row-wise layer's output AllReduce counts as that layer's;

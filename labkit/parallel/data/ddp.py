@@ -4,7 +4,7 @@ DDP registers autograd hooks; as soon as every gradient in a bucket (``bucket_ca
 ready, it launches that bucket's AllReduce while backward goes on computing earlier layers.
 The communication hook below does what DDP's default hook does (divide by the group's size,
 then AllReduce the bucket), but from Python, through ``dist.all_reduce`` on the named group,
-where the step's ``CollectiveMeter`` (``comm/intercept.py``) records when each bucket's
+where the step's ``CollectiveMeter`` (``runtime/comm/intercept.py``) records when each bucket's
 AllReduce starts and ends (DDP's built-in hook runs in C++, out of its sight).
 """
 

@@ -5,7 +5,7 @@ split them over a group of ranks (a layout's fsdp dimension), both trained by th
 and equal to one device:
 
 * table-wise (``strategy="table_wise"``, or ``Layout(fsdp=N, tables="table_wise")``): whole
-  tables placed on ranks by a planner (``planner.py``), rows exchanged with an all-to-all
+  tables placed on ranks by a planner (``placement.py``), rows exchanged with an all-to-all
   (``comm.py``);
 * row-wise (``strategy="row_wise"``): every table's rows split over the group's ranks.
 
@@ -19,7 +19,7 @@ the reports.
 
 from labkit.parallel.embedding.evaluate import evaluate_on_ranks, held_out_auc, held_out_batch
 from labkit.parallel.embedding.observe import TableObserver
-from labkit.parallel.embedding.planner import PlanError, TablePlan, plan_tables
+from labkit.parallel.embedding.placement import PlanError, TablePlan, plan_tables
 from labkit.parallel.embedding.results import (
     auc_curve,
     collectives,

@@ -25,7 +25,7 @@ from torch import nn
 
 from labkit.models import DLRM
 from labkit.parallel.embedding.comm import exchange_lookups, gather_ids
-from labkit.parallel.embedding.planner import TablePlan
+from labkit.parallel.embedding.placement import TablePlan
 
 
 def interact(bottom_out: torch.Tensor, table_vectors: list[torch.Tensor],

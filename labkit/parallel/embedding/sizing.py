@@ -8,7 +8,7 @@ import torch
 
 from labkit.models import build_model
 from labkit.models.optim import weight_dtype
-from labkit.parallel.embedding.planner import TablePlan, all_row_wise, plan_tables
+from labkit.parallel.embedding.placement import TablePlan, all_row_wise, plan_tables
 from labkit.runtime.costs import training_bytes
 from labkit.runtime.memory.units import format_bytes
 

@@ -37,7 +37,7 @@ class PipelineRunner:
         stage_ids: their stage indices; ``num_stages`` of them in the whole pipeline.
         pp_rank, pp_size, group: this rank's place in its pipeline, and the pipeline's group.
         device, micro_batches, loss_fn, schedule: what to run, and how.
-        clock: times the stages' chunks (``comm/clock.py``).
+        clock: times the stages' chunks (``runtime/comm/clock.py``).
     """
 
     def __init__(self, modules, stage_ids: list[int], num_stages: int, pp_rank: int,

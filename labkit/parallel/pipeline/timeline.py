@@ -7,10 +7,10 @@ import time
 
 
 class StageTimeline:
-    """The forward ("F") and backward ("B") chunks a rank's stages ran in a step, timed with
-    the step's clock (``comm/clock.py``: device time on GPUs), reported in wall-clock seconds
-    (``time.time``, shared by every process on a machine, so that the timelines of all
-    ranks can be drawn on one axis)."""
+    """The forward ("F") and backward ("B") chunks a rank's stages ran in a step, timed with the
+    step's clock (``runtime/comm/clock.py``: device time on GPUs), reported in wall-clock seconds
+    (``time.time``, shared by every process on a machine, so that the timelines of all ranks can be
+    drawn on one axis)."""
 
     def __init__(self, clock):
         self.clock = clock

@@ -9,8 +9,8 @@ seconds after :meth:`synchronize`, on the same axis as :meth:`now` (``time.perf_
 which itself waits for the device, so phase boundaries and device marks line up.
 
 Every measurement of the step uses one clock: the collectives' intervals
-(``comm/intercept.py``), the phases of a step (``step/spmd.py``), a pipeline's timeline, the
-embedding lookups and the per-layer timing of tensor parallelism.
+(``runtime/comm/intercept.py``), the phases of a step (``training/step/spmd.py``), a pipeline's
+timeline, the embedding lookups and the per-layer timing of tensor parallelism.
 """
 
 from __future__ import annotations

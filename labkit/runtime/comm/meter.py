@@ -83,7 +83,7 @@ class CommMeter:
     """Collectives of one step: ``record`` may be called from communication threads (a
     work's completion callback), so it takes a lock.
 
-    ``clock`` takes the marks (``comm/clock.py``), ``label(group)`` names the mesh dimension
+    ``clock`` takes the marks (``runtime/comm/clock.py``), ``label(group)`` names the mesh dimension
     of a group; ``tag`` is filed with each record (per-layer attribution).
     """
 

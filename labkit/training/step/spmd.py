@@ -46,7 +46,7 @@ def run_step(model: nn.Module, batch, loss_fn, optimizer: torch.optim.Optimizer,
     batch is processed in that many chunks one after another and their gradients add up
     (gradient accumulation; each chunk's loss is scaled so the sum is the batch's mean).
     ``no_sync`` (a context) skips gradient communication for all chunks but the last.
-    ``clock.now()`` waits for the device at each phase boundary (``comm/clock.py``), so that
+    ``clock.now()`` waits for the device at each phase boundary (``runtime/comm/clock.py``), so that
     phase times are the device's. Returns the loss and the times.
     """
     clock = clock or HostClock()
