@@ -16,7 +16,8 @@ from labkit.models.moe import MoE
 from labkit.parallel.expert import dropped_tokens, expert_load
 from labkit.parallel.expert.observe import dropped_by_expert
 from labkit.runtime.costs import moe_all_to_all_bytes
-from labkit.training.layout import Layout, check_run
+from labkit.training.layout import Layout
+from labkit.training.run import resolve
 from tests.conftest import assert_trains_as
 
 MOE = MoEGPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, n_experts=4,
@@ -116,14 +117,14 @@ def test_expert_layouts_refused_before_any_rank_starts(model, degrees, match):
     with pytest.raises(ValueError, match=match):
         layout = Layout(**degrees)
         config = labkit.TrainConfig(model=model, layout=layout, global_batch=4)
-        check_run(config, layout, layout.size)
+        resolve(config.replace(layout=layout), layout.size)
 
 
 def test_moe_refuses_micro_steps():
     layout = Layout(dp=2, ep=2)
     config = labkit.TrainConfig(model=MOE, layout=layout, global_batch=8, grad_accumulation=2)
     with pytest.raises(ValueError, match="one micro-step"):
-        check_run(config, layout, 2)
+        resolve(config.replace(layout=layout), 2)
 
 
 def test_forward_flops_per_token_count_attention():

@@ -347,13 +347,13 @@ def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
     from labkit.plan.counts import param_tensors
     from labkit.plan.engines import WIDTHS, fit_overhead, tiny, weight_bytes
     from labkit.training.config import TrainConfig
-    from labkit.training.layout.rules import check_run
+    from labkit.training.run import resolve
 
     for ranks in range(1, 9):
         for width in WIDTHS:
             config = tiny(width, ranks)
-            check_run(TrainConfig(model=config, layout=Layout(tp=ranks), global_batch=ranks,
-                                  precision="fp32"), Layout(tp=ranks), ranks)
+            resolve(TrainConfig(model=config, layout=Layout(tp=ranks), global_batch=ranks,
+                                  precision="fp32").replace(layout=Layout(tp=ranks)), ranks)
             assert param_tensors(config) == param_tensors(tiny(width))
     assert tiny(16, 2) == tiny(16)  # 1, 2 and 4 ranks measure what they did before
     sizes = {w: weight_bytes(w, 3) for w in WIDTHS}

@@ -1,4 +1,5 @@
-"""What to train and how: one typed config, checked before any process starts."""
+"""What to train and how: one typed config whose fields check their own type and range
+(``labkit/training/run.py`` resolves and checks it as a whole)."""
 
 from __future__ import annotations
 
@@ -88,9 +89,6 @@ class TrainConfig:
         _check_fields(self)
         if self.layout is not None and not isinstance(self.layout, Layout):
             raise ValueError(f"layout is a labkit.Layout, not {self.layout!r}")
-        if self.layout is not None and self.strategy != "single":
-            raise ValueError(f"give a strategy name or a layout, not both (strategy="
-                             f"{self.strategy!r}, layout={self.layout})")
 
     @property
     def label(self) -> str:
@@ -146,15 +144,6 @@ def _check_checkpoint_fields(config: TrainConfig) -> None:
         object.__setattr__(config, "checkpoint_dir", os.fspath(config.checkpoint_dir))
     if config.checkpoint_every is not None:
         fields.whole(config, "checkpoint_every")
-        if config.checkpoint_dir is None:
-            raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
-                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
     if config.checkpoint_keep is not None:
         fields.whole(config, "checkpoint_keep")
-        if config.checkpoint_dir is None:
-            raise ValueError(f"checkpoint_keep={config.checkpoint_keep} needs a "
-                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
     fields.flag(config, "checkpoint_async")
-    if config.checkpoint_async and config.checkpoint_dir is None:
-        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
-                         "TrainConfig.checkpoint_dir")

@@ -27,13 +27,13 @@ from labkit.parallel.embedding.sharded_dlrm import ShardedDLRM
 from labkit.parallel.embedding.sizing import dlrm_plan
 
 
-def table_plan(config, layout, memory) -> TablePlan:
+def table_plan(config, layout, tables: str, memory) -> TablePlan:
     """Where the tables go in each group of fsdp ranks; every rank computes the same plan,
     for the batch one group sees. When nothing fits the cap, the tables are split by rows
     anyway: the device, not the plan, then has the last word."""
     capacity = getattr(memory, "device_capacity", None) or memory.capacity_bytes
     group_config = dataclasses.replace(config, global_batch=config.global_batch // layout.dp)
-    if layout.tables.startswith("row_wise"):
+    if tables.startswith("row_wise"):
         return dlrm_plan(group_config, layout.fsdp, capacity, row_wise=True)
     try:
         return dlrm_plan(group_config, layout.fsdp, capacity)

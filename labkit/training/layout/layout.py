@@ -88,7 +88,6 @@ class Layout:
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("dp_kind", self.dp_kind, DP_KINDS)
         _check_choice("tables", self.tables, TABLES)
-        _check_engines(self)
 
     # ----- what the layout means ---------------------------------------------------------
     @property
@@ -178,33 +177,3 @@ def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value is not None and value not in choices:
         raise ValueError(f"Layout({name}={value!r}): choose one of {', '.join(choices)} "
                          "(or leave it out)")
-
-
-def _check_engines(layout: Layout) -> None:
-    """Combinations that no engine runs, refused with what to write instead."""
-    kind = layout.dp_kind
-    if kind in ("ddp", "naive", "zero1") and layout.fsdp > 1:
-        raise ValueError(f"dp_kind={kind!r} replicates the model, but fsdp={layout.fsdp} "
-                         "shards it: write dp= for replicas, or dp_kind='fsdp' (HSDP when dp "
-                         "> 1 too)")
-    if kind == "fsdp" and layout.fsdp == 1 and layout.dp > 1:
-        raise ValueError(f"dp_kind='fsdp' shards over the fsdp dimension, which is 1 here: "
-                         f"write fsdp={layout.dp} instead of dp={layout.dp}, or dp_kind='ddp'")
-    if kind == "zero1" and (layout.tp > 1 or layout.pipelined):
-        raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
-                         "split replicas shard the optimizer state with fsdp= instead")
-    if layout.ep > 1 and layout.ep != layout.dp:
-        n = max(layout.dp, layout.ep)  # keep the ranks the user asked for
-        raise ValueError(f"ep={layout.ep} must equal dp (here {layout.dp}): the experts are cut "
-                         f"over the dp ranks; write Layout(dp={n}, ep={n})")
-    if layout.ep > 1 and kind not in (None, "naive"):
-        raise ValueError(f"ep={layout.ep} averages the replicated weights by hand and the "
-                         f"experts' not at all, so dp_kind={kind!r} cannot run it: leave dp_kind "
-                         "out (or dp_kind='naive')")
-    if layout.tables is not None:
-        if kind is not None:
-            raise ValueError(f"tables={layout.tables!r} averages the dense part by hand over "
-                             f"dp x fsdp: leave dp_kind out (not {kind!r})")
-        if layout.tp > 1 or layout.pipelined:
-            raise ValueError(f"tables={layout.tables!r} splits the DLRM's tables over fsdp; tp "
-                             "and pp split the other zoo models: leave them at 1")

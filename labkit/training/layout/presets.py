@@ -42,8 +42,3 @@ def preset(name: str, world_size: int) -> Layout:
         raise ValueError(f"strategy 'single' trains on one device, not {world_size}: use "
                          "labkit.Cluster(1) or a data-parallel strategy such as 'ddp'")
     return _PRESETS[name](world_size)
-
-
-def layout_for(config, world_size: int) -> Layout:
-    """The layout a ``TrainConfig`` runs on ``world_size`` ranks: its own, or its preset's."""
-    return config.layout if config.layout is not None else preset(config.strategy, world_size)
