@@ -108,16 +108,17 @@ def test_experts_over_ranks_train_as_one_device(four, reference, layout):
 @pytest.mark.parametrize("model, degrees, match", [
     ("gpt", dict(dp=2, ep=2), "has none"),
     (MOE, dict(dp=4, ep=2), r"must equal dp \(here 4\).*Layout\(dp=4, ep=4\)"),
-    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "dp_kind='ddp' cannot run it"),
+    (MOE, dict(dp=2, ep=2, engines=dict(dp_kind="ddp")), "dp_kind='ddp' cannot run it"),
     (MoEGPTConfig(n_experts=3), dict(dp=2, ep=2), "multiple of 2"),
     (MOE, dict(tp=2), "not by tensors"),
     (MOE, dict(cp=2), "dense 'gpt'"),
 ])
 def test_expert_layouts_refused_before_any_rank_starts(model, degrees, match):
     with pytest.raises(ValueError, match=match):
+        engines = degrees.pop("engines", {})
         layout = Layout(**degrees)
-        config = labkit.TrainConfig(model=model, layout=layout, global_batch=4)
-        resolve(config.replace(layout=layout), layout.size)
+        config = labkit.TrainConfig(model=model, layout=layout, global_batch=4, **engines)
+        resolve(config, layout.size)
 
 
 def test_moe_refuses_micro_steps():

@@ -45,7 +45,7 @@ def test_a_train_call_resolves_its_run_once(monkeypatch):
         report = labkit.train(cluster, model="mlp", strategy="fsdp", global_batch=8, steps=2)
     assert len(calls) == 1  # not again for the estimate, the checkpoint rules or the report
     assert report.run is calls[0] and report.estimate is not None
-    assert report.layout == Layout(fsdp=2, dp_kind="fsdp")
+    assert report.layout == Layout(fsdp=2) and report.config.strategy == "fsdp"
     assert report.run.engines == Engines(dp_kind="fsdp")
 
 
@@ -58,17 +58,27 @@ def test_a_run_round_trips_to_the_ranks_without_being_checked_again(monkeypatch)
     assert again.engines == Engines(dp_kind="ddp", cp_engine="torch")
 
 
-@pytest.mark.parametrize("layout, engines", [
-    (Layout(), Engines()),
-    (Layout(pp=2), Engines(schedule="1f1b")),
-    (Layout(schedule="gpipe"), Engines(schedule="gpipe")),  # one stage: still a pipeline
-    (Layout(dp=2), Engines(dp_kind="ddp")),
-    (Layout(dp=2, fsdp=2), Engines(dp_kind="fsdp")),
-    (Layout(dp=2, dp_kind="naive"), Engines(dp_kind="naive")),
-    (Layout(cp=2), Engines(cp_engine="ring"))])
-def test_every_default_engine_is_filled_in_when_the_run_is_resolved(layout, engines):
-    config = labkit.TrainConfig(model=GPT, layout=layout, global_batch=8, micro_batches=2)
+@pytest.mark.parametrize("layout, choices, engines", [
+    (Layout(), {}, Engines()),
+    (Layout(pp=2), {}, Engines(schedule="1f1b")),
+    (Layout(), {"schedule": "gpipe"}, Engines(schedule="gpipe")),  # one stage: a pipeline
+    (Layout(dp=2), {}, Engines(dp_kind="ddp")),
+    (Layout(dp=2, fsdp=2), {}, Engines(dp_kind="fsdp")),
+    (Layout(dp=2), {"dp_kind": "naive"}, Engines(dp_kind="naive")),
+    (Layout(fsdp=2), {"tables": "row_wise"}, Engines(tables="row_wise")),
+    (Layout(cp=2), {}, Engines(cp_engine="ring"))])
+def test_every_default_engine_is_filled_in_when_the_run_is_resolved(layout, choices, engines):
+    model = DLRMConfig() if "tables" in choices else GPT
+    config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, micro_batches=2,
+                                **choices)
     assert resolve(config, layout.size).engines == engines
+
+
+def test_a_strategy_sets_the_layout_and_its_engines_and_both_cannot_be_given():
+    run = resolve(labkit.TrainConfig(model=GPT, strategy="gpipe", global_batch=8), 2)
+    assert run.layout == Layout(pp=2) and run.engines == Engines(schedule="gpipe")
+    with pytest.raises(ValueError, match="strategy 'ddp' has its own"):
+        resolve(labkit.TrainConfig(model=GPT, strategy="ddp", dp_kind="naive"), 2)
 
 
 def _names_used(path: Path) -> set[str]:
@@ -102,16 +112,17 @@ def _grad_sync(config, world_size: int) -> list[str]:
     return [str(step) for step in built.grad_sync]
 
 
-@pytest.mark.parametrize("model, layout, steps", [
-    (GPT, Layout(dp=2), []),  # DDP synchronises by itself
-    (GPT, Layout(fsdp=2), []),  # FSDP2 too
-    (GPT, Layout(dp=2, dp_kind="naive"), ["average gradients over dp"]),
-    (GPT, Layout(dp=2, cp=2, dp_kind="naive"),
+@pytest.mark.parametrize("model, layout, choices, steps", [
+    (GPT, Layout(dp=2), {}, []),  # DDP synchronises by itself
+    (GPT, Layout(fsdp=2), {}, []),  # FSDP2 too
+    (GPT, Layout(dp=2), {"dp_kind": "naive"}, ["average gradients over dp"]),
+    (GPT, Layout(dp=2, cp=2), {"dp_kind": "naive"},
      ["average gradients over dp", "average gradients over cp"]),
-    (GPT, Layout(fsdp=2, cp=2), ["average gradients over cp"]),
+    (GPT, Layout(fsdp=2, cp=2), {}, ["average gradients over cp"]),
     (MoEGPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
-     Layout(dp=2, ep=2), ["expert replicas over dp"]),
-    (DLRMConfig(), Layout(fsdp=2, tables="table_wise"), ["table gradients over fsdp and dp"])])
-def test_gradient_sync_is_a_list_of_named_steps(model, layout, steps):
-    config = labkit.TrainConfig(model=model, layout=layout, global_batch=8)
+     Layout(dp=2, ep=2), {}, ["expert replicas over dp"]),
+    (DLRMConfig(), Layout(fsdp=2), {"tables": "table_wise"},
+     ["table gradients over fsdp and dp"])])
+def test_gradient_sync_is_a_list_of_named_steps(model, layout, choices, steps):
+    config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, **choices)
     assert _grad_sync(config, layout.size) == steps

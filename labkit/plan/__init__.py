@@ -9,9 +9,10 @@ FLOPs and bytes, and checked against measurement on this machine.
 from labkit.plan import published
 from labkit.plan.calibrate import Calibration, calibrate
 from labkit.plan.hardware import GPU, GPUS, Cluster, gpu
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import ASSUMPTIONS, Projection, project
 from labkit.plan.rules import PlanError
 from labkit.plan.search import SearchResult, search
 
-__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "PlanError", "Projection",
-           "SearchResult", "calibrate", "gpu", "project", "published", "search"]
+__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "Parallelism", "PlanError",
+           "Projection", "SearchResult", "calibrate", "gpu", "project", "published", "search"]

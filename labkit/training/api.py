@@ -37,7 +37,8 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         report = labkit.train(cluster, model="mlp", strategy="ddp", global_batch=256, steps=10)
         report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
-    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout, global_batch,
+    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout and its engine
+    choices schedule, dp_kind, tables, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
     grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With
     ``checkpoint_dir`` the run saves sharded checkpoints there and, when it holds one of this

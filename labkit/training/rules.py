@@ -14,6 +14,13 @@ def check_fields(config) -> None:
     if config.layout is not None and config.strategy != "single":
         raise ValueError(f"give a strategy name or a layout, not both (strategy="
                          f"{config.strategy!r}, layout={config.layout})")
+    chosen = {n: getattr(config, n) for n in ("schedule", "dp_kind", "tables")
+              if getattr(config, n) is not None}
+    if chosen and config.layout is None:
+        named = ", ".join(f"{n}={v!r}" for n, v in chosen.items())
+        raise ValueError(f"{named} chooses an engine for a layout, and strategy "
+                         f"{config.strategy!r} has its own: give layout=labkit.Layout(...) "
+                         f"with it, or the strategy alone")
     for name in ("checkpoint_every", "checkpoint_keep"):
         if getattr(config, name) is not None and config.checkpoint_dir is None:
             raise ValueError(f"{name}={getattr(config, name)} needs a checkpoint_dir to save "
@@ -23,10 +30,11 @@ def check_fields(config) -> None:
                          "TrainConfig.checkpoint_dir")
 
 
-def check_engine_choices(layout: Layout) -> None:
+def check_engine_choices(layout: Layout, schedule: str | None = None,
+                         dp_kind: str | None = None, tables: str | None = None) -> None:
     """Engine choices that no engine runs with these degrees, refused with what to write
     instead."""
-    kind = layout.dp_kind
+    kind = dp_kind
     if kind in ("ddp", "naive", "zero1") and layout.fsdp > 1:
         raise ValueError(f"dp_kind={kind!r} replicates the model, but fsdp={layout.fsdp} "
                          "shards it: write dp= for replicas, or dp_kind='fsdp' (HSDP when dp "
@@ -34,7 +42,7 @@ def check_engine_choices(layout: Layout) -> None:
     if kind == "fsdp" and layout.fsdp == 1 and layout.dp > 1:
         raise ValueError(f"dp_kind='fsdp' shards over the fsdp dimension, which is 1 here: "
                          f"write fsdp={layout.dp} instead of dp={layout.dp}, or dp_kind='ddp'")
-    pipelined = layout.pp > 1 or layout.schedule is not None
+    pipelined = layout.pp > 1 or schedule is not None
     if kind == "zero1" and (layout.tp > 1 or pipelined):
         raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
                          "split replicas shard the optimizer state with fsdp= instead")
@@ -46,12 +54,12 @@ def check_engine_choices(layout: Layout) -> None:
         raise ValueError(f"ep={layout.ep} averages the replicated weights by hand and the "
                          f"experts' not at all, so dp_kind={kind!r} cannot run it: leave dp_kind "
                          "out (or dp_kind='naive')")
-    if layout.tables is not None:
+    if tables is not None:
         if kind is not None:
-            raise ValueError(f"tables={layout.tables!r} averages the dense part by hand over "
+            raise ValueError(f"tables={tables!r} averages the dense part by hand over "
                              f"dp x fsdp: leave dp_kind out (not {kind!r})")
         if layout.tp > 1 or pipelined:
-            raise ValueError(f"tables={layout.tables!r} splits the DLRM's tables over fsdp; tp "
+            raise ValueError(f"tables={tables!r} splits the DLRM's tables over fsdp; tp "
                              "and pp split the other zoo models: leave them at 1")
 
 
@@ -167,5 +175,5 @@ def check_debug_env(run, debug: str | None) -> None:
             run.engines.data_engine in ("ddp", "zero1")):
         raise ValueError(f"TORCH_DISTRIBUTED_DEBUG=DETAIL crashes PyTorch's DDP over gloo "
                          f"(SIGSEGV in the ranks' first backward, also in a plain torch "
-                         f"script), which the layout {run.layout} runs: unset it, or set it to "
+                         f"script), which {run.label} runs: unset it, or set it to "
                          f"INFO, before starting the notebook or torchrun")

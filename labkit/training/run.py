@@ -1,8 +1,8 @@
 """One resolved run: a ``TrainConfig``, its layout and its engines, checked once.
 
     run = resolve(config, world_size=4, device_type="cpu", backend="gloo")
-    run.layout            # Layout(fsdp=2, tp=2): the degrees
-    run.engines           # Engines(schedule=None, dp_kind="fsdp", tables=None, cp_engine=None)
+    run.layout            # Layout(fsdp=2, tp=2): the degrees (``labkit/training/layout``)
+    run.engines           # Engines(dp_kind="fsdp"): what runs them (``engines.py``)
 
 ``resolve`` is the only place a run is worked out and validated: the layout (the config's
 own, or its strategy's preset), the engine each dimension runs with its default filled in
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from labkit.parallel.context.engine import resolve_engine
 from labkit.training.config import TrainConfig
-from labkit.training.layout.layout import DEFAULT_SCHEDULE, Layout
+from labkit.training.engines import Engines, engines_for
+from labkit.training.layout.layout import Layout
 from labkit.training.layout.presets import preset
 from labkit.training.rules import (
     check_debug_env,
@@ -32,42 +33,6 @@ from labkit.training.rules import (
     check_fields,
     check_run,
 )
-
-
-@dataclass(frozen=True)
-class Engines:
-    """What runs each dimension of a layout, every default filled in.
-
-    Attributes:
-        schedule: the pipeline schedule that runs ("naive", "gpipe", "1f1b",
-            "interleaved_1f1b"), or None without a pipeline.
-        dp_kind: the data-parallel engine ("ddp", "naive", "zero1", "fsdp"), or None (one
-            replica, no engine; or the DLRM's tables, which average by hand).
-        tables: the DLRM's table placement over fsdp, or None.
-        cp_engine: what runs context parallelism ("ring", "torch"), or None when cp = 1.
-    """
-
-    schedule: str | None = None
-    dp_kind: str | None = None
-    tables: str | None = None
-    cp_engine: str | None = None
-
-    @property
-    def pipelined(self) -> bool:
-        return self.schedule is not None
-
-    @property
-    def stages_per_rank(self) -> int:
-        return 2 if self.schedule == "interleaved_1f1b" else 1
-
-    @property
-    def data_engine(self) -> str | None:
-        """The data-parallel engine that runs: "ddp", "naive", "zero1", "fsdp", "tables"
-        (the DLRM's tables over fsdp, its dense part averaged by hand) or None."""
-        return "tables" if self.tables is not None else self.dp_kind
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -110,18 +75,12 @@ class Run:
                    data["backend"])
 
 
-def _layout(config: TrainConfig, world_size: int) -> Layout:
-    return config.layout if config.layout is not None else preset(config.strategy, world_size)
-
-
-def _engines(config: TrainConfig, layout: Layout, device_type: str) -> Engines:
-    pipelined = layout.pp > 1 or layout.schedule is not None
-    schedule = (layout.schedule or DEFAULT_SCHEDULE) if pipelined else None
-    dp_kind = layout.dp_kind
-    if dp_kind is None and layout.tables is None:
-        dp_kind = "fsdp" if layout.fsdp > 1 else ("ddp" if layout.dp > 1 else None)
-    cp_engine = resolve_engine(config.cp_engine, device_type) if layout.cp > 1 else None
-    return Engines(schedule, dp_kind, layout.tables, cp_engine)
+def _layout(config: TrainConfig, world_size: int) -> tuple[Layout, dict[str, str]]:
+    """The config's layout and engine choices, or its strategy's preset."""
+    if config.layout is None:
+        return preset(config.strategy, world_size)
+    choices = {"schedule": config.schedule, "dp_kind": config.dp_kind, "tables": config.tables}
+    return config.layout, {name: value for name, value in choices.items() if value is not None}
 
 
 def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
@@ -133,9 +92,10 @@ def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
     if not isinstance(config, TrainConfig):
         raise TypeError(f"resolve takes a labkit.TrainConfig, not {config!r}")
     check_fields(config)
-    layout = _layout(config, world_size)
-    check_engine_choices(layout)
-    engines = _engines(config, layout, device_type)
+    layout, choices = _layout(config, world_size)
+    check_engine_choices(layout, **choices)
+    cp_engine = resolve_engine(config.cp_engine, device_type) if layout.cp > 1 else None
+    engines = engines_for(layout, **choices, cp_engine=cp_engine)
     run = Run(config, layout, engines, world_size, device_type, backend)
     check_run(run)
     check_debug_env(run, debug)

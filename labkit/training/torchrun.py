@@ -35,6 +35,7 @@ from labkit.training.checkpoint.lock import lock_checkpoints
 from labkit.training.checkpoint.rules import check_checkpointing
 from labkit.training.checkpoint.store import CheckpointError
 from labkit.training.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from labkit.training.engines import CHOICES
 from labkit.training.estimate import estimate_memory
 from labkit.training.layout import STRATEGIES, Layout
 from labkit.training.loop import train_on_rank
@@ -83,16 +84,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
 
-def parse_layout(text: str) -> Layout:
-    """``"dp=2,tp=2,schedule=gpipe"`` -> ``Layout(dp=2, tp=2, schedule="gpipe")``."""
+def parse_layout(text: str) -> tuple[Layout, dict[str, str]]:
+    """``"dp=2,tp=2,schedule=gpipe"`` -> ``(Layout(dp=2, tp=2), {"schedule": "gpipe"})``:
+    the degrees, and the engine choices given beside them (TrainConfig fields)."""
     fields = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = (part.strip() for part in item.partition("="))
         if name in fields:
             raise ValueError(f"layout {text!r} gives {name} twice: give each dimension once")
         fields[name] = int(value) if value.isdigit() else value
+    choices = {name: fields.pop(name) for name in CHOICES if name in fields}
     try:
-        return Layout(**fields)
+        return Layout(**fields), choices
     except TypeError as exc:
         raise ValueError(f"cannot read layout {text!r}: write e.g. dp=2,tp=2 ({exc})") from exc
 
@@ -101,8 +104,10 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
     """Each run asked for, with where its report goes."""
     model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
     strategies = [args.strategy] if isinstance(args.strategy, str) else args.strategy
-    parallels = ([{"layout": parse_layout(args.layout)}] if args.layout
-                 else [{"strategy": name} for name in strategies])
+    parallels = [{"strategy": name} for name in strategies]
+    if args.layout:
+        layout, choices = parse_layout(args.layout)
+        parallels = [{"layout": layout, **choices}]
     out = Path(args.out)
     runs = []
     for parallel in parallels:

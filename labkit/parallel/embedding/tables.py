@@ -1,6 +1,6 @@
 """The DLRM's embedding tables placed over the run's fsdp dimension, its dense part data
-parallel: the layouts ``Layout(fsdp=N, tables="table_wise" | "row_wise" |
-"row_wise_dtensor")`` (the presets "table_wise", "row_wise", "row_wise_dtensor"), and with
+parallel: ``layout=Layout(fsdp=N)`` with ``tables="table_wise" | "row_wise" |
+"row_wise_dtensor"`` (the presets "table_wise", "row_wise", "row_wise_dtensor"), and with
 dp > 1 the hybrid used in production: tables sharded inside each group of fsdp ranks,
 replicated across the dp groups.
 
