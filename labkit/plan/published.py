@@ -222,7 +222,7 @@ def run(name: str) -> Run:
 
 def project_run(published: Run):
     """``labkit.plan.project`` of the run at its published layout, batch and levers."""
-    from labkit.plan.hardware import Cluster
+    from labkit.plan.cluster import Cluster
     from labkit.plan.project import project
 
     cluster = Cluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)

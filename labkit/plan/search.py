@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from labkit.plan.cluster import Cluster
 from labkit.plan.counts import is_recommender
-from labkit.plan.hardware import Cluster
 from labkit.plan.project import Projection, _time, step_costs
 from labkit.plan.rules import PlanError, check_layout, check_lever
 from labkit.plan.step import Lever
