@@ -7,6 +7,7 @@ the shapes DTensor's plan gives a rank."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from torch import nn
 
 from labkit.models import GPTConfig, build_model, example_batch, loss_fn
 from labkit.models.gpt import Block
+from labkit.plan.fused_saves import GPUKernelSaves
 
 
 @dataclass(frozen=True)
@@ -32,14 +34,23 @@ class BlockCounts:
 
 
 def _local_block(config: GPTConfig, tp: int) -> nn.Module:
-    """A block with one tp rank's shapes (the split of ``GPTPlan.tp_styles``)."""
+    """A block with one tp rank's shapes: each linear of the block's tp plan
+    (``gpt_split.block_styles``) keeps 1/tp of its outputs (colwise) or of its inputs
+    (rowwise), as DTensor's plan gives a rank."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    from labkit.models.gpt_split import block_styles
+
     with torch.device("meta"):
         block = Block(config)
-        d = config.d_model
-        block.attn.qkv = nn.Linear(d, 3 * d // tp)
-        block.attn.proj = nn.Linear(d // tp, d)
-        block.mlp[0] = nn.Linear(d, 4 * d // tp)
-        block.mlp[2] = nn.Linear(4 * d // tp, d)
+        for name, style in block_styles(block).items():
+            parent, _, leaf = name.rpartition(".")
+            old = block.get_submodule(name)
+            colwise = isinstance(style, ColwiseParallel)
+            local = nn.Linear(old.in_features if colwise else old.in_features // tp,
+                              old.out_features // tp if colwise else old.out_features,
+                              bias=old.bias is not None)
+            setattr(block.get_submodule(parent), leaf, local)
     return block
 
 
@@ -53,9 +64,11 @@ def local_block_linears(config: GPTConfig, tp: int = 1) -> list[int]:
 def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) -> BlockCounts:
     """Parameters and saved activations of one block of ``config`` on one of ``tp`` ranks.
 
-    ``flash_attention``: leave out the (seq x seq) attention weights that PyTorch's math
-    attention saves (CPU, meta); a GPU's fused attention keeps one row statistic instead
-    (FlashAttention; Dao et al., 2022): counted as (heads, seq) floats."""
+    ``flash_attention`` (a GPU's kernels): leave out the (seq x seq) attention weights that
+    PyTorch's math attention saves (CPU, meta); a GPU's fused attention keeps one row
+    statistic instead (FlashAttention; Dao et al., 2022): counted as (heads, seq) floats;
+    RMSNorm and grouped-query attention save what their fused kernels keep
+    (``fused_saves.GPUKernelSaves``)."""
     block = _local_block(config, tp)
     full = sum(p.numel() for p in _local_block(config, 1).parameters())
     weights = {p.untyped_storage()._cdata for p in block.parameters()}
@@ -78,10 +91,12 @@ def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) 
         return t
 
     x = torch.zeros(1, config.seq_len, config.d_model, device="meta", requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    kernels = GPUKernelSaves() if flash_attention else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), kernels:
         block(x)
     params = sum(p.numel() for p in block.parameters())
     return BlockCounts(params, full, saved, x.numel() * x.element_size(), wide)
+
 
 @functools.lru_cache(maxsize=64)
 def rest_saved_bytes(config: GPTConfig) -> float:

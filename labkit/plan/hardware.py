@@ -135,7 +135,8 @@ class GPU:
         return links * self.intra_node_bandwidth
 
     def peak_flops(self, precision: str) -> float:
-        """Peak FLOP/s of the matmuls of a run in ``precision`` ("fp32", "bf16", "mixed")."""
+        """Peak FLOP/s of the matmuls of a run in ``precision`` ("fp32", "bf16", "mixed",
+        "fp16"): every row's dense fp16 tensor rate equals its bf16 rate (its datasheet)."""
         return self.fp32_flops if precision == "fp32" else self.bf16_flops
 
 

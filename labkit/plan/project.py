@@ -94,7 +94,8 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
         method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
-    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"])
+    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"],
+                                      memory["gradients"])
     comm = step_comm(model_config, layout, lever, params, measured)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
                      tokens, method, attention)

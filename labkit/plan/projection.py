@@ -45,6 +45,9 @@ ASSUMPTIONS = (
     "fp32 and Adam moments, bf16 compute; Megatron: bf16 weights, fp32 main gradients, fp32 "
     "master and moments); 'bf16' keeps weights and optimizer state in bf16 too (a "
     "convergence risk)",
+    "'fp16' is 'mixed' with fp16 compute (the same peak as bf16 on every GPU of the table) and "
+    "dynamic loss scaling: the same model state, one pass over the gradients a step to "
+    "unscale and check them; steps skipped on overflow are not charged",
     "attention: a fused causal kernel on GPUs (FlashAttention: no seq x seq scores kept or "
     "written, half of them computed); the math path on this machine",
 )
@@ -52,6 +55,11 @@ ASSUMPTIONS = (
 BF16_CAVEAT = ("pure bf16: weights and optimizer state in bf16 lose updates smaller than "
                "bf16's resolution (8 bits of mantissa), a convergence risk; mixed precision is "
                "the training default (fp32 master state)")
+
+
+FP16_CAVEAT = ("fp16: values beyond 65504 overflow and below 6e-8 vanish; dynamic loss scaling "
+               "skips the steps whose scaled gradients overflow (a few while the scale "
+               "settles, then rare): not charged here")
 
 
 @dataclass
@@ -109,7 +117,7 @@ class Projection:
     @property
     def caveats(self) -> tuple[str, ...]:
         """What a reader must know before trusting this layout to train (not only to run)."""
-        return (BF16_CAVEAT,) if self.lever.precision == "bf16" else ()
+        return {"bf16": (BF16_CAVEAT,), "fp16": (FP16_CAVEAT,)}.get(self.lever.precision, ())
 
     def time_to_train(self, tokens: float | None = None, samples: float | None = None) -> dict:
         """Wall-clock seconds, days and GPU-hours to train ``tokens`` (or ``samples``)."""

@@ -14,7 +14,7 @@ from labkit.models import GPTConfig, MLPConfig, plan_for
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
 from labkit.training.layout.layout import Layout
 
-PRECISIONS = ("fp32", "bf16", "mixed")
+PRECISIONS = ("fp32", "bf16", "mixed", "fp16")
 
 
 class PlanError(ValueError):

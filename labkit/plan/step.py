@@ -36,18 +36,20 @@ DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's defaul
 
 
 @functools.lru_cache(maxsize=64)
-def _tp_pairs(model_config) -> list[tuple[int, int]]:
-    """(column layer's input width, row layer's output width) of each tp pair, once per
-    model; an AllReduce of a micro-batch's activations of that width runs in backward (at the
-    column layer's input) and in forward (at the row layer's output)."""
+def _tp_widths(model_config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(each column layer's input width, each row layer's output width), once per model: an
+    AllReduce of a micro-batch's activations of that width runs in backward at every column
+    layer's input (SwiGLU's gate and up: one each) and in forward at every row layer's
+    output."""
     if is_decoder(model_config) and model_config.n_layers > 1:  # identical blocks
-        return _tp_pairs(replace_layers(model_config, 1)) * model_config.n_layers
+        cols, rows = _tp_widths(replace_layers(model_config, 1))
+        return cols * model_config.n_layers, rows * model_config.n_layers
     model = build_model(model_config, device="meta")
     modules = dict(model.named_modules())
     styles = plan_for(model_config).tp_styles(model)
     cols = [modules[n].in_features for n, s in styles.items() if isinstance(s, ColwiseParallel)]
     rows = [modules[n].out_features for n, s in styles.items() if isinstance(s, RowwiseParallel)]
-    return list(zip(cols, rows, strict=True))
+    return tuple(cols), tuple(rows)
 
 
 def _tokens_per_sample(model_config) -> int:
@@ -163,17 +165,16 @@ def _tp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[i
     backward per micro-batch, of ``tokens`` (a micro-batch's) activations."""
     m = lever.micro_batches
     act = compute_bytes(lever.precision)  # activations travel in the compute dtype
-    pairs = _tp_pairs(model_config)
-    share = 1 / layout.pp  # a stage's share of the pairs
-    calls = 2 * len(pairs) * m * share
-    width = sum(c + r for c, r in pairs)
+    cols, rows = _tp_widths(model_config)
+    share = 1 / layout.pp  # a stage's share of the layers
+    calls = (len(cols) + len(rows)) * m * share
+    width = sum(cols) + sum(rows)
     if lever.activation_checkpointing and is_decoder(model_config):
         # backward reruns each block's forward, and with it the row layers' forward
         # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
         # tensor backward needs is recomputed): the block's last row layer's output is
-        # not, so a block of k pairs recomputes k-1 AllReduces (measured: tests/test_plan)
-        block = _tp_pairs(replace_layers(model_config, 1))
-        again = [r for _, r in block[:-1]] * model_config.n_layers
+        # not, so a block of k row layers recomputes k-1 AllReduces (measured: tests/test_plan)
+        again = list(_tp_widths(replace_layers(model_config, 1))[1][:-1]) * model_config.n_layers
         calls += len(again) * m * share
         width += sum(again)
     return round(calls), width * tokens * act * m * share
