@@ -37,7 +37,9 @@ ASSUMPTIONS = (
     "on this machine only: ranks that meet in collectives wait for the slowest one, a "
     "measured fraction of compute (labkit.plan.jitter; 0 on GPUs and on ranks over cores)",
     "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
-    "bound; ring attention sends the next block while it computes the current one)",
+    "bound; ring attention sends the next block while it computes the current one); beside "
+    "tp, each tp rank rings its own heads' keys and values (Megatron-Core's cp x tp; labkit's "
+    "engines train cp beside dp and fsdp only)",
     "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
     "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
     "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",

@@ -1,5 +1,6 @@
-"""Published large-scale trainings, rebuilt with labkit's GPT decoder at the published shape,
-layout, batch and precision, and projected beside the figure their authors published
+"""Published large-scale trainings, rebuilt with labkit's decoder (GPT blocks, or Llama blocks
+from ``labkit.models.presets``) at the published shape, layout, batch and precision, and
+projected beside the figure their authors published
 (``python bench/published.py`` prints them all; notebook 09 shows three).
 
 Each run names its source, the published figure in the source's own unit, how a projected

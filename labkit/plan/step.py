@@ -123,7 +123,7 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
     out: dict[tuple[str, str], tuple[int, float]] = {}
     m = lever.micro_batches
     micro = lever.global_batch // layout.data_size // m
-    tokens = micro * _tokens_per_sample(model_config)
+    tokens = micro * _tokens_per_sample(model_config) // layout.cp  # cp: a rank's chunks
     if layout.tp > 1:
         out[("tp", "all_reduce")] = _tp_comm(model_config, layout, lever, tokens)
     if layout.pp > 1:
@@ -132,7 +132,7 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
         out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
-                              else 2, sharded))
+                              else 2, sharded, local_params if layout.tp > 1 else None))
         if layout.ep > 1:  # replicas averaged by hand (in cp_ep_comm), not by DDP
             return out
     engine = layout.data_engine
