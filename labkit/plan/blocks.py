@@ -61,14 +61,15 @@ def local_block_linears(config: GPTConfig, tp: int = 1) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) -> BlockCounts:
+def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False,
+                 fused_saves: bool = False) -> BlockCounts:
     """Parameters and saved activations of one block of ``config`` on one of ``tp`` ranks.
 
     ``flash_attention`` (a GPU's kernels): leave out the (seq x seq) attention weights that
     PyTorch's math attention saves (CPU, meta); a GPU's fused attention keeps one row
-    statistic instead (FlashAttention; Dao et al., 2022): counted as (heads, seq) floats;
-    RMSNorm and grouped-query attention save what their fused kernels keep
-    (``fused_saves.GPUKernelSaves``)."""
+    statistic instead (FlashAttention; Dao et al., 2022): counted as (heads, seq) floats.
+    ``fused_saves``: RMSNorm and grouped-query attention save what their fused kernels keep
+    (``fused_saves.GPUKernelSaves``), not what meta's composite ops do."""
     block = _local_block(config, tp)
     full = sum(p.numel() for p in _local_block(config, 1).parameters())
     weights = {p.untyped_storage()._cdata for p in block.parameters()}
@@ -91,7 +92,7 @@ def block_counts(config: GPTConfig, tp: int = 1, flash_attention: bool = False) 
         return t
 
     x = torch.zeros(1, config.seq_len, config.d_model, device="meta", requires_grad=True)
-    kernels = GPUKernelSaves() if flash_attention else contextlib.nullcontext()
+    kernels = GPUKernelSaves() if fused_saves else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), kernels:
         block(x)
     params = sum(p.numel() for p in block.parameters())

@@ -65,7 +65,8 @@ def _activation_blocks(model_config, layout: Layout, lever: Lever,
     tp rank: the seq x seq scores left out under fused attention or selective
     recomputation, the d_model-wide tensors split over tp under sequence parallelism."""
     no_scores = flash_attention or bool(lever.selective_recompute)
-    blocks = block_counts(model_config, layout.tp, no_scores)
+    fused = flash_attention and framework(lever.framework).fused_saves  # GPU kernels
+    blocks = block_counts(model_config, layout.tp, no_scores, fused)
     saved, inputs = blocks.saved_bytes, blocks.input_bytes
     if lever.selective_recompute == "op":
         saved = op_policy_saved_bytes(model_config, layout.tp)
