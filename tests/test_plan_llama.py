@@ -91,6 +91,18 @@ def test_tied_embeddings_refuse_a_pipeline():
                                      layout=layout), layout, 2)
 
 
+def test_fused_kernels_keep_less_of_a_llama_block_and_nothing_changes_for_a_gpt():
+    from labkit.plan.blocks import block_counts
+
+    gpt = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
+    assert block_counts(gpt, 2, True, True) == block_counts(gpt, 2, True, False)
+    fused, eager = block_counts(LLAMA, 2, True, True), block_counts(LLAMA, 2, True, False)
+    assert fused.params == eager.params and fused.saved_bytes < eager.saved_bytes
+    # each RMSNorm keeps its input, not its normalized input: two d_model-wide tensors less
+    tokens = LLAMA.seq_len * 4  # fp32 bytes per value
+    assert eager.full_width_bytes - fused.full_width_bytes == 2 * tokens * LLAMA.d_model
+
+
 # ----- the presets -------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(PUBLISHED_SHAPES))
 def test_presets_count_their_published_parameters(name):

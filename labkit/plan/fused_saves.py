@@ -1,5 +1,6 @@
 """What a GPU's fused kernels keep for backward, stood in for while a block's saved tensors
-are counted on meta tensors (``blocks.block_counts`` with ``flash_attention``). On meta,
+are counted on meta tensors (``blocks.block_counts`` with ``fused_saves``, where the
+framework's kernels are fused: ``frameworks.Framework.fused_saves``). On meta,
 RMSNorm and grouped-query attention take composite paths that save more than a GPU keeps:
 
 * RMSNorm: the composite path saves its input, the normalized input and its inverse RMS;
