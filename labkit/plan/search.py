@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from labkit.plan.cluster import Cluster
 from labkit.plan.counts import is_recommender
-from labkit.plan.hardware import Cluster
 from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import Projection, _time, step_costs
 from labkit.plan.rules import PlanError, check_layout, check_lever
@@ -116,7 +116,8 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
 
 def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpointing, cp,
                       optimizer: str = "adam"):
-    """Layouts with cp > 1 (with dp or fsdp) and, for a mixture of experts, ep = dp."""
+    """Layouts with cp > 1 (with dp or fsdp, and fsdp x tp) and, for a mixture of experts,
+    ep = dp."""
     from labkit.plan.cp_ep import is_moe
 
     world, levers = cluster.world_size, [(p, c) for p in precisions for c in checkpointing]
@@ -124,6 +125,12 @@ def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpoin
                if c > 1 and world % c == 0]
     layouts += [Parallelism.of(fsdp=world // c, cp=c, dp_kind="fsdp") for c in cp
                 if c > 1 and world % c == 0 and world > c]
+    for c in (c for c in cp if c > 1):  # tp inside a node, cp and fsdp over the rest
+        for tp in _divisors(min(world, cluster.gpus_per_node))[1:]:
+            if world % (c * tp) == 0:
+                rest = world // (c * tp)
+                layouts.append(Parallelism.of(fsdp=rest, cp=c, tp=tp, dp_kind="fsdp")
+                               if rest > 1 else Parallelism.of(cp=c, tp=tp))
     if is_moe(model_config) and world > 1:
         layouts.append(Parallelism.of(dp=world, ep=world))
     for layout in layouts:

@@ -104,6 +104,15 @@ class Processes:
             os.close(err_write)
         return handle
 
+    def send_all(self, message: bytes) -> None:
+        """A job to every rank (pickled once). A rank that cannot take it has died: the
+        collection that follows reports it as the cause."""
+        for handle in self.ranks:
+            try:
+                handle.conn.send_bytes(message)
+            except OSError:
+                pass
+
     def read_zygote(self) -> None:
         """Take in every message the zygote has sent so far, without blocking."""
         while self.zygote_sock is not None:
