@@ -41,18 +41,19 @@ PUBLISHED = {
     # name: (model, layout, cluster, batch, micro-batches, reported TFLOP/s per GPU, note)
     "megatron_gpt3_175b": (
         GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96),
-        Parallelism.of(dp=12, tp=8, pp=16, schedule="1f1b"), plan.Cluster("A100-80GB", nodes=192),
+        Parallelism.of(dp=12, tp=8, pp=16, schedule="1f1b"),
+        plan.GPUCluster("A100-80GB", nodes=192),
         1536, 128, 153.0, "Narayanan et al. 2021, Table 1 (counts recomputation)"),
     "llama3_405b": (
         GPTConfig(vocab_size=128000, seq_len=8192, d_model=16384, n_heads=128, n_layers=126),
-        Parallelism.of(fsdp=128, tp=8, pp=16, schedule="1f1b"), plan.Cluster("H100", nodes=2048),
+        Parallelism.of(fsdp=128, tp=8, pp=16, schedule="1f1b"), plan.GPUCluster("H100", nodes=2048),
         2048, 16, 400.0, "Dubey et al. 2024, Table 4"),
 }
 
 
 def _search() -> dict:
     start = time.perf_counter()
-    result = plan.search(GPT_70B, plan.Cluster("H100", gpus_per_node=8, nodes=128),
+    result = plan.search(GPT_70B, plan.GPUCluster("H100", gpus_per_node=8, nodes=128),
                          global_batch=1024)
     seconds = time.perf_counter() - start
     best = result.best

@@ -44,14 +44,14 @@ def test_llama3_storage_and_failure_rate_are_the_defaults():
 
 def test_a_named_cluster_takes_its_bytes_and_step_from_the_planner():
     from labkit.models import GPT_7B
-    from labkit.plan import Cluster, project
+    from labkit.plan import GPUCluster, project
 
-    layout, cluster = labkit.Layout(fsdp=8), Cluster("H100")
+    layout, cluster = labkit.Layout(fsdp=8), GPUCluster("H100")
     t = project_tradeoff(GPT_7B, layout, cluster, global_batch=64)
     p = project(GPT_7B, layout, cluster, global_batch=64)
     assert t.checkpoint_bytes_per_gpu == p.costs.memory["parameters"] + p.costs.memory[
         "optimizer"] and t.step_s == p.step_s and t.gpus == 8
-    half = project_tradeoff(GPT_7B, labkit.Layout(fsdp=16), Cluster("H100", nodes=2), 64)
+    half = project_tradeoff(GPT_7B, labkit.Layout(fsdp=16), GPUCluster("H100", nodes=2), 64)
     # twice the GPUs: half the state each (C halves), the job fails twice as often
     assert half.save_s == pytest.approx(t.save_s / 2, rel=0.01)
     assert half.mtbf_s == pytest.approx(t.mtbf_s / 2)

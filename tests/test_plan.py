@@ -31,11 +31,11 @@ def test_every_row_cites_a_datasheet_and_a_date():
 
 def test_unknown_gpu_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown GPU 'H900'.*H100.*MI300X"):
-        plan.Cluster("H900", gpus_per_node=8, nodes=4)
-    cluster = plan.Cluster("H100", gpus_per_node=8, nodes=4)
-    assert cluster.world_size == 32 and plan.Cluster("H100").gpus_per_node == 8
+        plan.GPUCluster("H900", gpus_per_node=8, nodes=4)
+    cluster = plan.GPUCluster("H100", gpus_per_node=8, nodes=4)
+    assert cluster.world_size == 32 and plan.GPUCluster("H100").gpus_per_node == 8
     with pytest.raises(ValueError, match="nodes=1"):
-        plan.Cluster("RTX4090", nodes=2)
+        plan.GPUCluster("RTX4090", nodes=2)
 
 
 # ----- counted costs -----------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_embedding_lookups_are_costed_in_bytes():
     # each table: one row of 16 floats read forward, its gradient read backward
     assert counts.lookup_bytes == 4 * 16 * 4 * 2
     assert counts.table_bytes == 4 * 1000 * 16 * 4  # dense gradient of every table
-    cluster = plan.Cluster("A100-80GB", gpus_per_node=1)
+    cluster = plan.GPUCluster("A100-80GB", gpus_per_node=1)
     projection = plan.project(config, Layout(), cluster, global_batch=4096, precision="fp32")
     assert projection.costs.memory_bound_bytes >= 4096 * counts.lookup_bytes
 
@@ -98,7 +98,7 @@ def test_collective_bytes_equal_a_measured_run():
 
 # ----- the time model and the search -------------------------------------------------------
 def test_tensor_parallel_stays_in_a_node_and_data_parallel_crosses():
-    cluster = plan.Cluster("H100", gpus_per_node=8, nodes=4)
+    cluster = plan.GPUCluster("H100", gpus_per_node=8, nodes=4)
     projection = plan.project(GPTConfig(vocab_size=32000, seq_len=2048, d_model=4096,
                                         n_heads=32, n_layers=32),
                               Layout(fsdp=4, tp=8), cluster, global_batch=64, micro_batches=4)
@@ -109,13 +109,13 @@ def test_tensor_parallel_stays_in_a_node_and_data_parallel_crosses():
     days = projection.time_to_train(tokens=1e12)
     assert days["gpu_hours"] == pytest.approx(days["seconds"] * 32 / 3600)
     with pytest.raises(plan.PlanError, match="cross nodes"):
-        plan.project(SMALL, Layout(tp=16), plan.Cluster("H100", nodes=2), global_batch=16)
+        plan.project(SMALL, Layout(tp=16), plan.GPUCluster("H100", nodes=2), global_batch=16)
     with pytest.raises(plan.PlanError, match="uses 4 GPUs and the cluster"):
         plan.project(SMALL, Layout(dp=4), cluster, global_batch=16)
 
 
 def test_pipeline_bubble_shrinks_with_micro_batches():
-    cluster = plan.Cluster("H100", gpus_per_node=8, nodes=1)
+    cluster = plan.GPUCluster("H100", gpus_per_node=8, nodes=1)
     config = dataclasses.replace(SMALL, n_layers=8)
     few, many = (plan.project(config, Parallelism.of(pp=8, schedule="1f1b"), cluster,
                               global_batch=64, micro_batches=m) for m in (8, 64))
@@ -124,7 +124,7 @@ def test_pipeline_bubble_shrinks_with_micro_batches():
 
 
 def test_search_returns_fits_fastest_first_and_reasons():
-    result = plan.search(GPT_70B, plan.Cluster("H100", nodes=16), global_batch=256)
+    result = plan.search(GPT_70B, plan.GPUCluster("H100", nodes=16), global_batch=256)
     assert result.fits and all(p.fits for p in result.fits)
     # fastest first within each group: the layouts without caveats, then pure bf16
     for group in (False, True):
@@ -133,7 +133,7 @@ def test_search_returns_fits_fastest_first_and_reasons():
     assert all(reason for _, reason in result.rejected)
     assert any("out of memory" in reason for _, reason in result.rejected)
     assert result.best.layout.tp <= 8
-    nowhere = plan.search(GPT_70B, plan.Cluster("RTX4090", gpus_per_node=1), global_batch=8)
+    nowhere = plan.search(GPT_70B, plan.GPUCluster("RTX4090", gpus_per_node=1), global_batch=8)
     with pytest.raises(plan.PlanError, match="no layout fits") as refused:
         _ = nowhere.best
     # the refusal says how far the leanest layout is from fitting, so the user can size up
@@ -153,7 +153,7 @@ def test_megatron_gpt3_175b_on_a100s_fits():
     heads, TP 8 x PP 16 on 1536 A100-80GB (DP 12), batch 1536, sequence 2048, activations
     recomputed; 153 TFLOP/s per GPU reported. The same model as plain replicas cannot fit."""
     model = GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96)
-    cluster = plan.Cluster("A100-80GB", gpus_per_node=8, nodes=192)
+    cluster = plan.GPUCluster("A100-80GB", gpus_per_node=8, nodes=192)
     published = plan.project(model, Parallelism.of(dp=12, tp=8, pp=16, schedule="1f1b"), cluster,
                              global_batch=1536, micro_batches=128, precision="mixed",
                              activation_checkpointing=True)
@@ -170,12 +170,12 @@ def test_llama3_405b_on_h100s_fits():
     with activation checkpointing (the paper does not list that lever)."""
     model = GPTConfig(vocab_size=128000, seq_len=8192, d_model=16384, n_heads=128,
                       n_layers=126)
-    cluster = plan.Cluster("H100", gpus_per_node=8, nodes=2048)
+    cluster = plan.GPUCluster("H100", gpus_per_node=8, nodes=2048)
     published = plan.project(model, Parallelism.of(fsdp=128, tp=8, pp=16, schedule="1f1b"), cluster,
                              global_batch=2048, micro_batches=16, precision="mixed",
                              activation_checkpointing=True)
     assert published.fits
-    one_node = plan.search(model, plan.Cluster("H100", nodes=1), global_batch=8)
+    one_node = plan.search(model, plan.GPUCluster("H100", nodes=1), global_batch=8)
     assert not one_node.fits
 
 
@@ -185,11 +185,11 @@ def test_mlperf_dlrm_tables_need_more_than_one_gpu():
     trains it table-wise over the 8 GPUs of a DGX A100. One A100-80GB cannot hold it."""
     model = DLRMConfig(num_tables=26, rows_per_table=7_500_000, embedding_dim=128,
                        bottom_hidden=512, top_hidden=1024)
-    one = plan.project(model, Layout(), plan.Cluster("A100-80GB", gpus_per_node=1),
+    one = plan.project(model, Layout(), plan.GPUCluster("A100-80GB", gpus_per_node=1),
                        global_batch=65536, precision="fp32", optimizer="sgd")
     assert not one.fits
     eight = plan.project(model, Parallelism.of(fsdp=8, tables="table_wise"),
-                         plan.Cluster("A100-80GB"), global_batch=65536, precision="fp32",
+                         plan.GPUCluster("A100-80GB"), global_batch=65536, precision="fp32",
                          optimizer="sgd")
     assert eight.fits
 
@@ -200,14 +200,14 @@ def test_a_batch_or_optimizer_no_run_could_use_is_refused(changes):
     # global_batch=0 and -8 once projected negative step times; micro_batches=0 divided by 0
     kwargs = {"global_batch": 8, **changes}
     with pytest.raises(plan.PlanError, match=next(iter(changes))):
-        plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), **kwargs)
+        plan.project(SMALL, Layout(dp=8), plan.GPUCluster("H100"), **kwargs)
     with pytest.raises(plan.PlanError, match="global_batch"):
-        plan.search(SMALL, plan.Cluster("H100"), global_batch=0)
+        plan.search(SMALL, plan.GPUCluster("H100"), global_batch=0)
 
 
 def test_decoder_optimizer_state_follows_the_optimizer():
     # labkit's mixed: fp32 weights and gradients, Adam's two fp32 moments (8 B/param); SGD none
-    memory = {opt: plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), global_batch=8,
+    memory = {opt: plan.project(SMALL, Layout(dp=8), plan.GPUCluster("H100"), global_batch=8,
                                 optimizer=opt).costs.memory for opt in ("adam", "sgd")}
     assert memory["sgd"]["optimizer"] == 0
     assert memory["adam"]["optimizer"] == pytest.approx(2 * memory["adam"]["parameters"])
@@ -215,7 +215,7 @@ def test_decoder_optimizer_state_follows_the_optimizer():
 
 def test_tensor_parallel_must_divide_the_node():
     # 6 GPUs per node, tp=4: ranks 4-7 form a tp group across two nodes
-    six = plan.Cluster("H100", gpus_per_node=6, nodes=2)
+    six = plan.GPUCluster("H100", gpus_per_node=6, nodes=2)
     with pytest.raises(plan.PlanError, match="straddle"):
         plan.project(GPT_70B, Layout(dp=3, tp=4), six, global_batch=3)
     assert plan.project(GPT_70B, Layout(dp=6, tp=2), six, global_batch=6).links["tp"] == "in-node"

@@ -80,7 +80,7 @@ def test_tp_must_divide_the_key_value_heads():
     with pytest.raises(ValueError, match=r"tp must divide n_kv_heads \(2\): choose tp in \[1, 2\]"):
         resolve(train.replace(layout=Layout(tp=4)), 4)
     with pytest.raises(plan.PlanError, match="n_kv_heads"):
-        plan.project(config, Layout(tp=4), plan.Cluster("H100", gpus_per_node=4), 8)
+        plan.project(config, Layout(tp=4), plan.GPUCluster("H100", gpus_per_node=4), 8)
     resolve(train.replace(layout=Layout(tp=2)), 2)  # 2 divides 2
 
 

@@ -38,7 +38,7 @@ def test_ring_latency_is_paid_per_step():
 
 def test_projected_data_parallel_latency_grows_with_ranks():
     # a 7B's gradients over dp=16 on two nodes: the textbook 2(N-1) alpha per AllReduce call
-    cluster = plan.Cluster("H100", nodes=2)
+    cluster = plan.GPUCluster("H100", nodes=2)
     p = plan.project(GPT_7B, Layout(dp=16), cluster, global_batch=16)
     calls, nbytes = p.costs.comm[("dp", "all_reduce")]
     alpha, bandwidth = cluster.link(True)
@@ -46,9 +46,9 @@ def test_projected_data_parallel_latency_grows_with_ranks():
 
 
 def test_memory_is_read_in_gib_with_headroom():
-    h100 = plan.Cluster("H100").gpu
+    h100 = plan.GPUCluster("H100").gpu
     assert h100.memory_bytes == 81559 * MiB  # the driver's total, ~85.5e9 bytes, not 80e9
-    assert plan.Cluster("MI300X").gpu.memory_bytes == 192 * GiB
+    assert plan.GPUCluster("MI300X").gpu.memory_bytes == 192 * GiB
     usable = h100.usable_memory_bytes
     assert usable == pytest.approx(h100.memory_bytes * 0.95 - 2 * GiB)
     assert usable < 80e9  # a layout needing 79.99 "GB" is not called fitting
@@ -57,7 +57,7 @@ def test_memory_is_read_in_gib_with_headroom():
 
 
 def test_pure_bf16_ranks_after_mixed_with_a_caveat():
-    found = plan.search(GPT_7B, plan.Cluster("H100", nodes=1), global_batch=64)
+    found = plan.search(GPT_7B, plan.GPUCluster("H100", nodes=1), global_batch=64)
     precisions = [p.lever.precision for p in found.fits]
     assert precisions[0] == "mixed" and "bf16" in precisions
     assert precisions.index("bf16") > max(i for i, x in enumerate(precisions) if x == "mixed")
@@ -78,15 +78,15 @@ def test_mixed_gradients_are_fp32_in_memory_and_on_the_wire():
 
 def test_a_node_bigger_than_its_links_is_refused():
     with pytest.raises(ValueError, match="at most 8 GPUs"):
-        plan.Cluster("H100", gpus_per_node=16)
-    assert plan.Cluster("H100", gpus_per_node=16, custom_node=True).world_size == 16
+        plan.GPUCluster("H100", gpus_per_node=16)
+    assert plan.GPUCluster("H100", gpus_per_node=16, custom_node=True).world_size == 16
 
 
 def test_mi300x_reaches_one_peer_over_one_link():
-    gpu = plan.Cluster("MI300X").gpu
+    gpu = plan.GPUCluster("MI300X").gpu
     assert gpu.group_bandwidth(2, "send") == gpu.group_bandwidth(2, "all_reduce") == 64e9
     assert gpu.group_bandwidth(8, "all_reduce") == 7 * 64e9
-    h100 = plan.Cluster("H100").gpu
+    h100 = plan.GPUCluster("H100").gpu
     assert h100.group_bandwidth(2, "send") == h100.group_bandwidth(8, "all_reduce") == 450e9
 
 
@@ -108,7 +108,7 @@ def test_tensor_parallel_recompute_all_reduces_are_counted():
     # checkpoint stops early); each is d_model wide like the others: 4 per block become 5
     assert ckpt[("tp", "all_reduce")][0] == calls * 5 // 4
     assert ckpt[("tp", "all_reduce")][1] == pytest.approx(nbytes * 5 / 4)
-    big = plan.project(GPT_7B, Layout(fsdp=4, tp=8), plan.Cluster("H100", nodes=4),
+    big = plan.project(GPT_7B, Layout(fsdp=4, tp=8), plan.GPUCluster("H100", nodes=4),
                        global_batch=32, activation_checkpointing=True)
     assert big.costs.comm[("tp", "all_reduce")][0] == 5 * GPT_7B.n_layers
 
@@ -138,7 +138,7 @@ def test_cp_beside_tp_rings_each_tp_ranks_heads():
     AllReduces carry a cp rank's share of each sequence. Against layouts of the same
     samples per rank: dp x cp (the same ring of whole heads) and dp x tp (whole sequences)."""
     long = GPTConfig(vocab_size=256, seq_len=4096, d_model=256, n_heads=4, n_layers=2)
-    node = plan.Cluster("H100", gpus_per_node=4)
+    node = plan.GPUCluster("H100", gpus_per_node=4)
     both = plan.project(long, Layout(cp=2, tp=2), node, global_batch=4)
     ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=8)
     split = plan.project(long, Layout(dp=2, tp=2), node, global_batch=8)
@@ -151,7 +151,7 @@ def test_cp_beside_tp_rings_each_tp_ranks_heads():
 
 
 def test_fp16_keeps_the_mixed_state_and_unscales_the_gradients_once():
-    cluster = plan.Cluster("A100-80GB", nodes=2)
+    cluster = plan.GPUCluster("A100-80GB", nodes=2)
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
     mixed = plan.project(model, Layout(fsdp=16), cluster, 64)
     fp16 = plan.project(model, Layout(fsdp=16), cluster, 64, precision="fp16")
@@ -165,9 +165,9 @@ def test_cp_and_ep_in_projection_and_search():
     from labkit.models.moe import MoEGPTConfig
 
     long = GPTConfig(vocab_size=256, seq_len=4096, d_model=256, n_heads=4, n_layers=2)
-    node = plan.Cluster("H100", gpus_per_node=4)
+    node = plan.GPUCluster("H100", gpus_per_node=4)
     # the same 2 data ranks, each sequence over 1 rank, then over a cp group of 2
-    one = plan.project(long, Layout(dp=2), plan.Cluster("H100", gpus_per_node=2), global_batch=4)
+    one = plan.project(long, Layout(dp=2), plan.GPUCluster("H100", gpus_per_node=2), global_batch=4)
     ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=4)
     assert ring.costs.memory["activations"] < 0.6 * one.costs.memory["activations"]
     assert ring.links["cp"] == "in-node" and ring.exposed_s["cp"] > 0
@@ -240,7 +240,7 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
         want = sum(fitted[e][0] for e in engines) * tensors
         assert extra == pytest.approx(want, rel=1e-6, abs=1e-12), layout
     # GPUs have no such figure: a named cluster pays nothing
-    assert plan.Cluster("H100").engine_overhead_s == ()
+    assert plan.GPUCluster("H100").engine_overhead_s == ()
 
 
 def test_the_measured_step_is_the_steady_one_past_the_warm_up():
@@ -279,7 +279,7 @@ def test_on_this_machine_communication_is_exposed_whole_and_the_optimizer_counte
     here = Calibration(2, 1e11, 1e10, 2e-5, 1e9, links, cores=2).cluster()
     fsdp = plan.project(_GPT, Layout(fsdp=2), here, global_batch=16, precision="fp32")
     assert fsdp.exposed_s["fsdp"] == fsdp.comm_s["fsdp"] > 0
-    gpus = plan.project(_GPT, Layout(fsdp=2), plan.Cluster("H100", gpus_per_node=2),
+    gpus = plan.project(_GPT, Layout(fsdp=2), plan.GPUCluster("H100", gpus_per_node=2),
                         global_batch=16, precision="fp32")
     assert gpus.exposed_s["fsdp"] < gpus.comm_s["fsdp"]
     one = Calibration(1, 1e11, 1e10, 2e-5, 1e9, cores=2).cluster()
@@ -323,7 +323,7 @@ def test_ops_charged_per_step_are_the_ops_a_cpu_step_dispatches():
 
 
 def test_time_to_train_and_calibrate_refuse_nonsense_before_any_work():
-    proj = plan.project(SMALL, Layout(dp=8), plan.Cluster("H100"), global_batch=16)
+    proj = plan.project(SMALL, Layout(dp=8), plan.GPUCluster("H100"), global_batch=16)
     for bad in ({"tokens": -5}, {"samples": float("nan")}, {"tokens": float("inf")}):
         with pytest.raises(ValueError, match="a number of"):
             proj.time_to_train(**bad)
@@ -367,7 +367,7 @@ def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only
         _GPT, Layout(), one, global_batch=16, precision="fp32").compute_s == pytest.approx(
         plan.project(_GPT, Layout(), dataclasses.replace(calm, world_size=1).cluster(),
                      global_batch=16, precision="fp32").compute_s)
-    assert plan.Cluster("H100").sync_jitter == 0.0
+    assert plan.GPUCluster("H100").sync_jitter == 0.0
 
 
 def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
@@ -400,7 +400,7 @@ def test_search_takes_the_optimizer_and_refuses_an_unknown_one_before_any_work()
     know is refused before the search starts."""
     from labkit.models import GPT_7B
 
-    node = plan.Cluster("H100", nodes=1)
+    node = plan.GPUCluster("H100", nodes=1)
     adam = plan.search(GPT_7B, node, global_batch=64)
     sgd = plan.search(GPT_7B, node, global_batch=64, optimizer="sgd")
     assert {p.lever.optimizer for p in adam.fits} == {"adam"}

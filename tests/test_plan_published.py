@@ -19,7 +19,7 @@ from labkit.runtime.costs import model_state_bytes
 from labkit.training.layout import Layout
 
 MEGATRON_22B = GPTConfig(vocab_size=51200, seq_len=2048, d_model=6144, n_heads=64, n_layers=48)
-A100_NODE = plan.Cluster("A100-80GB")
+A100_NODE = plan.GPUCluster("A100-80GB")
 
 
 def _project(**levers):
@@ -30,7 +30,7 @@ def _project(**levers):
 def test_every_row_names_a_sustained_matmul_rate_below_peak():
     for row in GPUS.values():
         assert 0 < row.matmul_efficiency < 1, row.name
-    assert plan.Cluster("H100").efficiency == GPUS["H100"].matmul_efficiency
+    assert plan.GPUCluster("H100").efficiency == GPUS["H100"].matmul_efficiency
 
 
 def test_one_model_state_count_names_each_recipe():
@@ -71,7 +71,7 @@ def test_selective_recompute_and_sequence_parallel_save_memory_and_time():
 
 def test_zero_beside_tp_and_pp_shards_the_optimizer_state():
     layout = Parallelism.of(dp=4, tp=2, pp=2, schedule="1f1b")
-    cluster = plan.Cluster("A100-80GB", gpus_per_node=8, nodes=2)
+    cluster = plan.GPUCluster("A100-80GB", gpus_per_node=8, nodes=2)
     kw = dict(global_batch=64, micro_batches=4, framework="megatron-core")
     plain = plan.project(MEGATRON_22B, layout, cluster, **kw)
     zero1 = plan.project(MEGATRON_22B, layout, cluster, zero_stage=1, **kw)
@@ -94,8 +94,8 @@ def test_overlapped_tp_is_not_exposed():
 
 def test_cluster_network_and_an_ambiguous_gpu_name():
     with pytest.raises(ValueError, match="A100-40GB, A100-80GB"):
-        plan.Cluster("A100")
-    slow = plan.Cluster("A100-80GB", nodes=2, network_gbps=50)
+        plan.GPUCluster("A100")
+    slow = plan.GPUCluster("A100-80GB", nodes=2, network_gbps=50)
     assert slow.link(True)[1] == pytest.approx(50e9 / 8)
 
 
@@ -119,11 +119,11 @@ def test_projection_reports_hardware_flops_beside_mfu():
 def test_search_tries_every_divisor_and_says_what_left_nothing():
     from labkit.plan.search import candidates
 
-    cluster = plan.Cluster("A100-80GB", nodes=48)  # BLOOM's 384 GPUs: pp 12 is a divisor
+    cluster = plan.GPUCluster("A100-80GB", nodes=48)  # BLOOM's 384 GPUs: pp 12 is a divisor
     pps = {layout.pp for layout, _ in candidates(MEGATRON_22B, cluster, 384 * 8,
                                                  precisions=("mixed",), checkpointing=(True,))}
     assert {3, 6, 12, 24} <= pps
-    small = plan.Cluster("L4", nodes=1)
+    small = plan.GPUCluster("L4", nodes=1)
     result = plan.search(MEGATRON_22B, small, global_batch=8, checkpointing=(False,))
     with pytest.raises(plan.PlanError, match="memory left nothing"):
         _ = result.best
@@ -151,7 +151,7 @@ def test_a_pipeline_runs_at_its_busiest_stage():
 
 def test_interleaving_v_chunks_shrinks_the_bubble():
     layout = Parallelism.of(dp=1, tp=8, pp=8, schedule="1f1b")
-    cluster = plan.Cluster("A100-80GB", nodes=8)
+    cluster = plan.GPUCluster("A100-80GB", nodes=8)
     model = GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96)
     kw = dict(global_batch=16, micro_batches=16, activation_checkpointing=True)
     plain = plan.project(model, layout, cluster, **kw)
@@ -168,7 +168,7 @@ def test_flash_attention_runs_at_its_kernels_rate_not_the_matmuls():
     from labkit.plan.project import _matmul_s
 
     model = GPTConfig(vocab_size=32000, seq_len=8192, d_model=2048, n_heads=16, n_layers=8)
-    h100 = plan.Cluster("H100")
+    h100 = plan.GPUCluster("H100")
     p = plan.project(model, Parallelism.of(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
                      framework="torchtitan")
     attention, peak = p.costs.attention_flops, h100.gpu.bf16_flops
@@ -188,7 +188,7 @@ def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_on
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
     for layout, nodes in ((Parallelism.of(fsdp=8, dp_kind="fsdp"), 1),
                           (Parallelism.of(fsdp=16, dp_kind="fsdp"), 2)):
-        cluster = plan.Cluster("H100", nodes=nodes)
+        cluster = plan.GPUCluster("H100", nodes=nodes)
         p = plan.project(model, layout, cluster, global_batch=8 * layout.size,
                          framework="torchtitan")
         alone = (_matmul_s(cluster, p.lever, p.costs)
@@ -209,7 +209,7 @@ def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
     # Composer's default BACKWARD_POST issues a backward all-gather after the previous unit's
     # gradients (torch's BackwardPrefetch docstring): its u-1 backward gathers are exposed
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
-    layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.Cluster("H100")
+    layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.GPUCluster("H100")
     pre, post = (plan.project(model, layout, cluster, global_batch=64, framework=name)
                  for name in ("labkit", "composer"))
     units = model.n_layers + 1

@@ -24,7 +24,7 @@ compute takes ranks / cores times longer), not measured as noise:
   between small AllReduces against the AllReduces alone; two ranks at least, no more ranks
   than cores).
 
-``Calibration.cluster()`` is a ``labkit.plan.Cluster`` of these figures (efficiency 1: the
+``Calibration.cluster()`` is a ``labkit.plan.GPUCluster`` of these figures (efficiency 1: the
 matmuls were measured), for ``project`` and ``search`` like any named cluster.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
-from labkit.plan.cluster import Cluster
+from labkit.plan.cluster import GPUCluster
 from labkit.plan.counts import OpBytes
 from labkit.plan.engines import cpu_median, fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU
@@ -152,8 +152,8 @@ class Calibration:
         fraction of a core's time): compute takes ranks / cores times longer."""
         return max(1.0, self.world_size / max(self.cores, 1))
 
-    def cluster(self) -> Cluster:
-        """A ``Cluster`` of this machine's ranks, every figure measured (CPU time per rank),
+    def cluster(self) -> GPUCluster:
+        """A ``GPUCluster`` of this machine's ranks, every figure measured (CPU time per rank),
         compute slowed by ``core_share`` when ranks outnumber cores."""
         link = self.links.get("all_reduce")
         bandwidth = link.bandwidth if link is not None else float("inf")
@@ -164,7 +164,7 @@ class Calibration:
                    "measured by labkit.plan.calibrate", "one rank = one virtual GPU (a core)",
                    measured=True)
         alpha = link.latency_per_step if link is not None else 0.0
-        return Cluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
+        return GPUCluster(here, self.world_size, 1, efficiency=1.0, alpha_s=(alpha, alpha),
                        op_overhead_s=self.op_overhead_s * share,
                        measured_links=dict(self.links),
                        engine_overhead_s=tuple((e, per_tensor * share) for e, (per_tensor, _)
@@ -197,7 +197,7 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
         raise ValueError(f"calibrate(repeats={repeats!r}): a whole number of timings, at least 1")
     if not (hasattr(cluster, "run") and hasattr(cluster, "world_size")):
         raise TypeError(f"calibrate() measures the ranks of a labkit.Cluster (labkit.Cluster(2, "
-                        f"device='cpu')), not {type(cluster).__name__}: a labkit.plan.Cluster "
+                        f"device='cpu')), not {type(cluster).__name__}: a labkit.plan.GPUCluster "
                         f"names hardware to project on, it has no ranks to time")
     cap = cluster.memory_per_device
     # the probes time the machine, not a virtual GPU's budget: a small cap (a lesson's 8 MiB)

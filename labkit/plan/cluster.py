@@ -10,7 +10,7 @@ from labkit.plan.hardware import GPU, gpu
 
 
 @dataclass(frozen=True)
-class Cluster:
+class GPUCluster:
     """``nodes`` nodes of ``gpus_per_node`` GPUs of one type.
 
     ``gpus_per_node`` defaults to the reference node's. ``efficiency`` is the achievable
@@ -58,7 +58,7 @@ class Cluster:
         for name in ("gpus_per_node", "nodes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Cluster({name}={value!r}): a whole number, at least 1")
+                raise ValueError(f"GPUCluster({name}={value!r}): a whole number, at least 1")
         if self.gpus_per_node > self.gpu.gpus_per_node and not self.custom_node:
             raise ValueError(
                 f"{self.gpu.name} nodes join at most {self.gpu.gpus_per_node} GPUs on their GPU "
@@ -92,7 +92,7 @@ class Cluster:
             return self.alpha_s[1], self.inter_node_bandwidth
         return self.alpha_s[0], self.gpu.group_bandwidth(group, kind)
 
-    def replace(self, **changes) -> Cluster:
+    def replace(self, **changes) -> GPUCluster:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:

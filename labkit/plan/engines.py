@@ -17,7 +17,7 @@ two widths so that a cost growing with the bytes of the weights is separated fro
 
     extra(width) = tensors x per_tensor + weight_bytes(width) x per_byte
 
-Only the per-tensor part is charged by ``project`` (``Cluster.engine_overhead_s``): bytes
+Only the per-tensor part is charged by ``project`` (``GPUCluster.engine_overhead_s``): bytes
 are charged by the collectives' and the memory's bandwidth already. The per-tensor part
 includes the CPU time of the engine's own collectives at these tiny sizes (a few KiB each),
 which the projection also charges as each collective's fitted alpha: by that much, the

@@ -11,9 +11,9 @@ so in ``note``: it is a typical build, not a fact about the chip. Beside the pea
 keeps the fraction of its bf16 peak that matmuls sustain, from a published microbenchmark
 (``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges.
 
-``labkit.plan.Cluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
+``labkit.plan.GPUCluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
 (``cluster.py``); this machine's own figures are measured (``labkit.plan.calibrate``) and form
-a ``Cluster`` of their own (``Calibration.cluster()``).
+a ``GPUCluster`` of their own (``Calibration.cluster()``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class GPU:
             with fp32 accumulation; fp32 without them (no TF32).
         memory_bandwidth: device-memory bytes/s.
         gpus_per_node: GPUs in the vendor's reference node (DGX/HGX, the MI300X platform):
-            the most one node's GPU links join (``Cluster`` refuses more unless told).
+            the most one node's GPU links join (``GPUCluster`` refuses more unless told).
         intra_node_bandwidth: bytes/s each GPU sends to the others of its node, one direction
             (NVLink/NVSwitch, Infinity Fabric; PCIe where there is no GPU link). With
             ``peer_links`` (a fully connected node, no switch) it is ONE link's: a GPU reaches

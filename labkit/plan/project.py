@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 
-from labkit.plan.cluster import Cluster
+from labkit.plan.cluster import GPUCluster
 from labkit.plan.counts import (
     forward_backward_ops,
     is_decoder,
@@ -66,7 +66,7 @@ def spans_nodes(layout: Parallelism, dim: str, gpus_per_node: int) -> bool:
     return span > gpus_per_node or gpus_per_node % span != 0
 
 
-def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: float,
+def _collective_s(cluster: GPUCluster, kind: str, group: int, calls: int, nbytes: float,
                   spans: bool) -> float:
     """``calls`` collectives moving ``nbytes`` in all: each pays alpha per ring step
     (``labkit.runtime.costs.collective_seconds``), the bytes pay the bandwidth once."""
@@ -117,7 +117,7 @@ def traced_memory(model_config, layout: Parallelism, lever: Lever) -> tuple[dict
     return {k: float(v) for k, v in estimate.at_peak.items()}, "traced on fake tensors"
 
 
-def project(model_config, layout: Layout | Parallelism, cluster: Cluster, global_batch: int,
+def project(model_config, layout: Layout | Parallelism, cluster: GPUCluster, global_batch: int,
             micro_batches: int = 1, precision: str = "mixed",
             activation_checkpointing: bool = False, optimizer: str = "adam", *,
             selective_recompute: bool = False, sequence_parallel: bool = False,
@@ -146,7 +146,7 @@ def project(model_config, layout: Layout | Parallelism, cluster: Cluster, global
     return _time(model_config, layout, cluster, lever, costs)
 
 
-def _matmul_s(cluster: Cluster, lever: Lever, costs: StepCosts) -> float:
+def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts) -> float:
     """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, a fused
     attention kernel's at its own (FlashAttention-2's, where the framework calls it and the
     GPU's row has a published figure)."""
@@ -244,7 +244,8 @@ def chunks_per_rank(layout: Parallelism, lever: Lever) -> int:
     return lever.virtual_stages or layout.stages_per_rank
 
 
-def engine_overhead_s(model_config, layout: Parallelism, lever: Lever, cluster: Cluster) -> float:
+def engine_overhead_s(model_config, layout: Parallelism, lever: Lever,
+                      cluster: GPUCluster) -> float:
     """What tp's DTensor dispatch and FSDP2's hooks add to a step: a cost per parameter
     tensor on this rank (per micro-batch), for each engine the layout uses (measured on this
     machine: ``labkit.plan.engines``; no figure on GPUs, so 0 there). The part of the measured

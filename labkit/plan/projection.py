@@ -8,7 +8,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from labkit.plan.cluster import Cluster
+from labkit.plan.cluster import GPUCluster
 from labkit.plan.levers import Lever, StepCosts
 from labkit.plan.parallelism import Parallelism
 from labkit.runtime.memory.units import format_bytes
@@ -73,7 +73,7 @@ class Projection:
 
     model: object
     layout: Parallelism
-    cluster: Cluster
+    cluster: GPUCluster
     lever: Lever
     costs: StepCosts
     compute_s: float

@@ -227,10 +227,10 @@ def run(name: str) -> Run:
 
 def project_run(published: Run):
     """``labkit.plan.project`` of the run at its published layout, batch and levers."""
-    from labkit.plan.cluster import Cluster
+    from labkit.plan.cluster import GPUCluster
     from labkit.plan.project import project
 
-    cluster = Cluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)
+    cluster = GPUCluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)
     levers = {"precision": "mixed", **published.levers}  # the run's own, where it names one
     return project(published.model, published.layout, cluster,
                    global_batch=published.global_batch, micro_batches=published.micro_batches,

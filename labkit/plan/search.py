@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from labkit.plan.cluster import Cluster
+from labkit.plan.cluster import GPUCluster
 from labkit.plan.counts import is_recommender
 from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import Projection, _time, step_costs
@@ -79,7 +79,7 @@ def _data_splits(data: int, per_node: int) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def candidates(model_config, cluster: Cluster, global_batch: int,
+def candidates(model_config, cluster: GPUCluster, global_batch: int,
                precisions=("bf16", "mixed"), checkpointing=(False, True), cp=(1,),
                optimizer: str | None = None):
     """Every (layout, lever) the search tries: tp x pp x data layouts; with ``cp`` degrees
@@ -139,7 +139,7 @@ def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpoin
                 yield layout, Lever(global_batch, micro, precision, ckpt, optimizer)
 
 
-def _recommender_candidates(cluster: Cluster, global_batch: int, precisions,
+def _recommender_candidates(cluster: GPUCluster, global_batch: int, precisions,
                             optimizer: str = "sgd"):
     """A recommender's layouts: replicas, FSDP, and tables placed whole or split by rows over
     all GPUs or inside each node (replicated across nodes: the hybrid used in production)."""
@@ -164,7 +164,7 @@ def _micro_batches(global_batch: int, data: int, pp: int) -> list[int]:
         or [pp]
 
 
-def search(model_config, cluster: Cluster, global_batch: int, precisions=None,
+def search(model_config, cluster: GPUCluster, global_batch: int, precisions=None,
            checkpointing=(False, True), cp=(1,), optimizer: str | None = None
            ) -> SearchResult:
     """Project every candidate layout; return those that fit, fastest first. ``cp``: the
