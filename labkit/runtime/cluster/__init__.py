@@ -2,7 +2,8 @@
 
 from labkit.runtime.cluster.cluster import Cluster, OversubscriptionWarning, RunResults
 from labkit.runtime.cluster.errors import ClusterError, RankError, RanksRestartedWarning, RunTimeout
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.cluster.rank import RankContext
 
-__all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "RankContext", "RankError",
-           "RanksRestartedWarning", "RunResults", "RunTimeout"]
+__all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "PerRank", "RankContext",
+           "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout"]

@@ -12,19 +12,17 @@ from another thread), the next run finds working ranks.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
 import time
 import warnings
 import weakref
 from datetime import timedelta
 
-import cloudpickle
-
 import labkit.runtime.cluster.hardware as hardware
-from labkit.runtime.cluster.collect import collect, describe, load_results
+from labkit.runtime.cluster.collect import await_ready, collect, describe, load_results
 from labkit.runtime.cluster.errors import ClusterError, RanksRestartedWarning, RunTimeout
 from labkit.runtime.cluster.launcher import choose_launcher
+from labkit.runtime.cluster.per_rank import payloads, send_jobs
 from labkit.runtime.cluster.processes import Processes
 from labkit.runtime.cluster.progress import Listeners, RunProgress
 from labkit.runtime.cluster.rank import RankSpec
@@ -127,24 +125,10 @@ class Cluster:
             self._generation += 1
             for rank in range(self.world_size):
                 self._procs.spawn(self._spec(rank))
-            self._await_ready(deadline)
+            await_ready(self._procs, deadline, self.start_timeout)
         except BaseException:
             self._procs.kill_ranks()
             raise
-
-    def _await_ready(self, deadline: float) -> None:
-        pending = {h.rank for h in self._procs.ranks}
-        while pending:
-            for handle, message in self._procs.poll(pending, 0.1):
-                if message[0] == "ready":
-                    handle.info = message[1]
-                    pending.discard(handle.rank)
-                elif message[0] in ("error", "died"):
-                    raise ClusterError(f"rank {handle.rank} could not start: "
-                                       f"{describe(self._procs, handle, message)[1]}")
-            if pending and time.monotonic() > deadline:
-                raise ClusterError(f"ranks {sorted(pending)} did not start within "
-                                   f"{self.start_timeout:.0f} s")
 
     def _revive(self) -> None:
         """Before a run: start ranks if there are none, and restart them (saying so) if one
@@ -254,28 +238,25 @@ class Cluster:
         self._check_open()
         if not callable(fn):
             raise TypeError(f"run() needs a function fn(ctx, ...), got {fn!r}")
-        try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:
-            raise TypeError(f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments "
-                            f"to the ranks: {exc}") from exc
+        pickled = payloads(fn, args, kwargs, self.world_size)  # a PerRank: one per rank
         if not self._busy.acquire(timeout=-1 if deadline is None else timeout):
             raise RunTimeout(f"run did not start within {timeout} s: another run (another "
                              "thread or a widget) held the cluster all that time; nothing ran")
         try:
             self._check_open()
-            return self._run_locked(payload, deadline, timeout)
+            return self._run_locked(pickled, deadline, timeout)
         finally:
             self._busy.release()
 
-    def _run_locked(self, payload: bytes, deadline: float | None, timeout) -> RunResults:
+    def _run_locked(self, pickled: list[bytes], deadline: float | None,
+                    timeout) -> RunResults:
         started = time.monotonic()
         try:
             self._revive()  # (starting ranks has its own timeout, not the run's)
             if deadline is not None:
                 deadline += time.monotonic() - started
             self._job_id += 1
-            self._send(pickle.dumps(("run", self._job_id, payload, self._options())))
+            send_jobs(self._procs.ranks, self._job_id, pickled, self._options())
             progress = RunProgress(self.world_size, enabled=self.progress,
                                    listener=self._listeners.current())
             try:
@@ -300,15 +281,6 @@ class Cluster:
         gpus = hardware.gpu_count() if self.shared_gpus else 0
         return {"capacity_bytes": self._capacity_bytes,
                 "ranks_on_gpu": hardware.ranks_per_gpu(self.world_size, gpus) if gpus else 1}
-
-    def _send(self, message: bytes) -> None:
-        """The job to every rank (pickled once). A rank that cannot take it has died: the
-        collection that follows reports it as the cause."""
-        for handle in self._procs.ranks:
-            try:
-                handle.conn.send_bytes(message)
-            except OSError:
-                pass
 
     # ----- showing ----------------------------------------------------------------------
     @property
