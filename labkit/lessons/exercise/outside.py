@@ -94,7 +94,7 @@ def reported_mismatch(rank: int, reported: int, sends: int, recvs: int,
     framing = on_wire - reported
     if 0 <= framing <= framing_allowed(sends, recvs):
         return None
-    return (f"rank {rank} reported {reported} bytes sent in {sends} sends and {recvs} "
-            f"receives, but {on_wire} bytes crossed its sockets (the kernel's count, read "
-            "outside the rank): labkit's counters on that rank were changed, or it sent data "
-            "by a way they do not see (a collective, a socket of its own)")
+    return (f"the bytes rank {rank} reported are not what crossed its sockets: {reported} "
+            f"bytes in {sends} sends and {recvs} receives reported, {on_wire} counted by the "
+            "kernel, outside the rank (labkit's counters on that rank were changed, or it "
+            "sent by a way they do not see: a collective, a socket of its own)")
