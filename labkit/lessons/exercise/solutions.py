@@ -23,7 +23,7 @@ SOLUTIONS = "solutions"
 # none to show, and the search stops there (it does not go on to the repository's own).
 NO_SOLUTIONS = "NONE.txt"
 _OFF = ("", "0", "false", "no", "off")
-_REPO_SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / SOLUTIONS
+_REPO_SOLUTIONS = Path(__file__).resolve().parents[3] / "notebooks" / SOLUTIONS
 
 
 @dataclass(frozen=True, repr=False)
