@@ -32,9 +32,14 @@ SEND_FRAMING_BYTES, RECV_FRAMING_BYTES = 128, 64
 WIRE_SLACK_BYTES = 64  # anything else a rank's sockets may carry during a run (0 measured)
 
 
+def fresh_seed() -> int:
+    """A random seed (63 bits) drawn for one run: no result made from it can be precomputed."""
+    return secrets.randbits(63)
+
+
 def private_seeds(world_size: int) -> PerRank:
-    """A fresh random seed for each rank (63 bits), for ``cluster.run`` to hand out."""
-    return PerRank(secrets.randbits(63) for _ in range(world_size))
+    """A fresh seed for each rank, for ``cluster.run`` to hand out (rank r gets seed r only)."""
+    return PerRank(fresh_seed() for _ in range(world_size))
 
 
 def _ready(ctx) -> int:
