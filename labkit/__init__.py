@@ -36,7 +36,7 @@ _PUBLIC = {
 _MORE = {
     "RankContext": "labkit.runtime.cluster.rank",
     "RunResults": "labkit.runtime.cluster.runs",
-    "OversubscriptionWarning": "labkit.runtime.cluster.cluster",
+    "OversubscriptionWarning": "labkit.runtime.cluster.errors",
     "RanksRestartedWarning": "labkit.runtime.cluster.errors",
     "STRATEGIES": "labkit.training.layout.presets",
     "MemoryEstimate": "labkit.training.estimate",

@@ -20,6 +20,12 @@ MLP = MLPConfig(d_in=32, d_hidden=128, n_layers=4, d_out=8)
 # row-wise), so a tp rank's local shard (batch, d_hidden / tp) crosses to the next stage
 MLP_ODD_CUT = MLPConfig(d_in=32, d_hidden=128, n_layers=3, d_out=8)
 GPT = GPTConfig(vocab_size=128, seq_len=16, d_model=64, n_heads=4, n_layers=2)
+# Llama-style blocks at toy size: SwiGLU, grouped-query attention (2 key/value heads for 4
+# query heads), RMSNorm, rotary positions, no biases; tied embeddings where no pipeline cuts
+# the embedding from the head
+LLAMA = GPTConfig(vocab_size=128, seq_len=16, d_model=64, n_heads=4, n_layers=2, mlp="swiglu",
+                  d_ff=96, n_kv_heads=2, norm="rmsnorm", position="rope", bias=False)
+LLAMA_TIED = GPTConfig(**{**LLAMA.__dict__, "tie_embeddings": True})
 DLRM = DLRMConfig(num_tables=4, rows_per_table=256, embedding_dim=8, bottom_hidden=16,
                   top_hidden=16)
 FSDP = {"all_gather", "reduce_scatter"}
@@ -27,6 +33,8 @@ FSDP = {"all_gather", "reduce_scatter"}
 # id: (model, layout, micro-batches, {dimension: the collectives it must carry})
 COMBINATIONS = {
     "fsdp2_tp2_gpt": (GPT, Layout(fsdp=2, tp=2), 1, {"fsdp": FSDP, "tp": {"all_reduce"}}),
+    "fsdp2_tp2_llama": (LLAMA_TIED, Layout(fsdp=2, tp=2), 1,
+                        {"fsdp": FSDP, "tp": {"all_reduce"}}),
     "fsdp2_tp2_mlp": (MLP, Layout(fsdp=2, tp=2), 1, {"fsdp": FSDP, "tp": {"all_reduce"}}),
     "hsdp_dp2_fsdp2": (MLP, Layout(dp=2, fsdp=2), 1, {"fsdp": FSDP, "dp": {"all_reduce"}}),
     "dp2_tp2": (MLP, Layout(dp=2, tp=2), 1, {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
@@ -95,6 +103,22 @@ def test_composed_layout_trains_as_one_device(four, references, name):
     model, layout, micro_batches, dims = COMBINATIONS[name]
     report = labkit.train(four, _config(model, micro_batches, layout=layout))
     assert report.layout == layout and report.world_size == 4
+    _check(report, references(model, micro_batches), dims)
+
+
+# id: (model, layout, micro-batches, {dimension: the collectives it must carry}), on 2 ranks
+LLAMA_LAYOUTS = {
+    "ddp2": (LLAMA_TIED, Layout(dp=2, dp_kind="ddp"), 1, {"dp": {"all_reduce"}}),
+    "fsdp2": (LLAMA_TIED, Layout(fsdp=2), 1, {"fsdp": FSDP}),
+    "tp2": (LLAMA_TIED, Layout(tp=2), 1, {"tp": {"all_reduce"}}),
+    "pp2_1f1b": (LLAMA, Layout(pp=2, schedule="1f1b"), 2, {"pp": {"send", "recv"}}),
+}
+
+
+@pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))
+def test_llama_blocks_train_as_one_device(two, references, name):
+    model, layout, micro_batches, dims = LLAMA_LAYOUTS[name]
+    report = labkit.train(two, _config(model, micro_batches, layout=layout))
     _check(report, references(model, micro_batches), dims)
 
 

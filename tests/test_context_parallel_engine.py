@@ -169,7 +169,8 @@ def _train_with_torch_engine_on_cpu(ctx, config_dict: dict) -> dict:
                 is_causal=a[7], **info.local_kwargs)[:3]
         return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in out)
 
-    modules = [importlib.import_module(f"labkit.{m}") for m in ("build.build", "train.loop")]
+    modules = [importlib.import_module(f"labkit.{m}")
+               for m in ("training.build.build", "training.loop")]
     saved = [m.engine_on for m in modules]
     cp.existing_custom_ops.update({fwd: handler, bwd: handler})
     try:

@@ -141,3 +141,18 @@ def test_the_public_api_is_small_and_every_name_loads():
     assert 8 <= len(labkit.__all__) <= 16, labkit.__all__
     for name in dir(labkit):
         assert getattr(labkit, name) is not None, name
+
+
+def test_a_lesson_module_s_figure_shows_in_a_kernel_without_labkit_plots():
+    """A notebook that imports one lesson's plots (not ``labkit.plots``) still sees a bare
+    Figure returned by a cell as an image."""
+    probe = ("from IPython.core.interactiveshell import InteractiveShell\n"
+             "shell = InteractiveShell.instance()\n"
+             "from labkit.lessons.long_context.plots import plot_ring_schedule\n"
+             "from matplotlib.figure import Figure\n"
+             "figure = Figure(); figure.add_subplot().plot([1, 2])\n"
+             "data, _ = shell.display_formatter.format(figure)\n"
+             "import sys; print('labkit.lessons.plots' in sys.modules, 'image/png' in data)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["False", "True"], out

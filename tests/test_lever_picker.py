@@ -70,7 +70,7 @@ def test_the_picker_trains_again_when_the_cluster_capacity_changes(monkeypatch):
     """A cached run is served only to the ranks and capacity it ran on (as the capacity
     slider's cache): after ``cluster.memory_per_device`` changes, a pick is trained again.
     No rank starts: ``run_lever`` is a stand-in that counts its calls."""
-    from labkit.training import levers
+    from labkit.lessons.memory_wall import levers
 
     class Ranks:
         world_size, memory_per_device = 1, 32 * 2**20

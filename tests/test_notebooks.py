@@ -29,9 +29,11 @@ from tests.prose_numbers import unprinted_numbers
 _PACKAGES = {"plots": re.compile(r"plot_\w+"),
              "widgets": re.compile(r"(?!(?:show_source|load_quiz|quiz_html|divisors|"
                                    r"layout_from)\b)\w+")}
-_DOTTED = re.compile(r"\blabkit\.(plots|widgets)\.(?:[a-z_]\w*\.)*?(\w+)\(")
+_DOTTED = re.compile(r"\blabkit\.(?:lessons\.\w+\.)?(plots|widgets)\.(?:[a-z_]\w*\.)*?(\w+)\(")
 _PYPLOT = re.compile(r"\bplt\.(?:subplots|figure|subplot_mosaic)\(")
-_FROM = re.compile(r"^[ \t]*from[ \t]+labkit\.(plots|widgets)(?:\.\w+)*[ \t]+import[ \t]+"
+# a lesson's modules: labkit.lessons.<topic>.plots / widgets / *_plots / *_widget / kill
+_FROM = re.compile(r"^[ \t]*from[ \t]+labkit\.(?:lessons\.(?:\w+\.)?)?(plots|widgets|\w+_plots|"
+                   r"\w+_widget|kill)[ \t]+import[ \t]+"
                    r"(?:\(([\w\s,]+)\)|([\w \t,]+))", re.M)
 _PROGRESS = re.compile(r"\d+%\|")  # a tqdm bar's text: a progress bar, not a figure
 _PLUMBING = ("results_path", "papermill", "tests", "smoke")
@@ -62,7 +64,8 @@ def drawing_names(notebook) -> dict[str, str]:
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
-        for package, bracketed, plain in _FROM.findall(_code(cell.source)):
+        for module, bracketed, plain in _FROM.findall(_code(cell.source)):
+            package = "plots" if module.endswith("plots") else "widgets"
             for item in (bracketed or plain).split(","):
                 words = item.split()  # name, or name as alias
                 if len(words) in (1, 3) and _PACKAGES[package].fullmatch(words[0]):

@@ -131,6 +131,35 @@ def test_cp_and_ep_bytes_equal_a_measured_run():
                 layout)
 
 
+def test_cp_beside_tp_rings_each_tp_ranks_heads():
+    """cp x tp as Megatron-Core runs it (labkit's engines train cp with dp and fsdp only, so
+    no measured run to hold it to): a tp rank rings its own heads' keys and values, and tp's
+    AllReduces carry a cp rank's share of each sequence. Against layouts of the same
+    samples per rank: dp x cp (the same ring of whole heads) and dp x tp (whole sequences)."""
+    long = GPTConfig(vocab_size=256, seq_len=4096, d_model=256, n_heads=4, n_layers=2)
+    node = plan.Cluster("H100", gpus_per_node=4)
+    both = plan.project(long, Layout(cp=2, tp=2), node, global_batch=4)
+    ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=8)
+    split = plan.project(long, Layout(dp=2, tp=2), node, global_batch=8)
+    assert both.costs.comm[("cp", "send")][1] == ring.costs.comm[("cp", "send")][1] / 2
+    assert both.costs.comm[("tp", "all_reduce")][1] == split.costs.comm[("tp", "all_reduce")][1] / 2
+    assert both.costs.memory["activations"] == pytest.approx(
+        split.costs.memory["activations"] / 2, rel=0.01)
+    found = plan.search(long, node, global_batch=4, cp=(2,))
+    assert any(p.layout.cp > 1 and p.layout.tp > 1 for p in found.fits)
+
+
+def test_fp16_keeps_the_mixed_state_and_unscales_the_gradients_once():
+    cluster = plan.Cluster("A100-80GB", nodes=2)
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    mixed = plan.project(model, Layout(fsdp=16), cluster, 64)
+    fp16 = plan.project(model, Layout(fsdp=16), cluster, 64, precision="fp16")
+    assert fp16.costs.memory == mixed.costs.memory and fp16.costs.comm == mixed.costs.comm
+    extra = fp16.costs.memory_bound_bytes - mixed.costs.memory_bound_bytes
+    assert extra == 2 * mixed.costs.memory["gradients"] > 0  # read and written once
+    assert fp16.caveats and "loss scaling" in fp16.caveats[0] and not mixed.caveats
+
+
 def test_cp_and_ep_in_projection_and_search():
     from labkit.models.moe import MoEGPTConfig
 
@@ -141,8 +170,9 @@ def test_cp_and_ep_in_projection_and_search():
     ring = plan.project(long, Layout(dp=2, cp=2), node, global_batch=4)
     assert ring.costs.memory["activations"] < 0.6 * one.costs.memory["activations"]
     assert ring.links["cp"] == "in-node" and ring.exposed_s["cp"] > 0
-    with pytest.raises(plan.PlanError, match="not with tp or pp"):
-        plan.project(long, Layout(cp=2, tp=2), node, global_batch=4)
+    with pytest.raises(plan.PlanError, match="not with pp"):
+        plan.project(long, Layout(cp=2, pp=2, schedule="1f1b"), node, global_batch=4,
+                     micro_batches=2)
     moe = MoEGPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=2,
                        n_experts=4)
     ep = plan.project(moe, Layout(dp=4, ep=4), node, global_batch=8)

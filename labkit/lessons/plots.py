@@ -29,10 +29,8 @@ from labkit.lessons.sharding.plots import (
     plot_sharded_memory,
     plot_zero_stages,
 )
-from labkit.lessons.show.display import figure_png, register_ipython_display
+from labkit.lessons.show.display import figure_png
 from labkit.lessons.tensor_parallel.plots import plot_split_matmul, plot_tp_degrees, plot_tp_vs_ddp
-
-register_ipython_display()
 
 __all__ = ["plot_boundaries", "plot_comm_price", "plot_sharded_memory", "plot_zero_stages",
            "figure_png", "plot_all_reduce", "plot_boundary", "plot_estimates", "plot_gantt",

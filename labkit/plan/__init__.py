@@ -8,7 +8,8 @@ FLOPs and bytes, and checked against measurement on this machine.
 
 from labkit.plan import published
 from labkit.plan.calibrate import Calibration, calibrate
-from labkit.plan.hardware import GPU, GPUS, Cluster, gpu
+from labkit.plan.cluster import Cluster
+from labkit.plan.hardware import GPU, GPUS, gpu
 from labkit.plan.project import ASSUMPTIONS, Projection, project
 from labkit.plan.rules import PlanError
 from labkit.plan.search import SearchResult, search

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
+from labkit.plan.cluster import Cluster
 from labkit.plan.counts import OpBytes
 from labkit.plan.engines import cpu_median, fit_overhead, measure_engine_overhead
-from labkit.plan.hardware import GPU, Cluster
+from labkit.plan.hardware import GPU
 from labkit.plan.jitter import fit_jitter, measure_jitter
 from labkit.plan.project import sample_ops
 from labkit.runtime.comm.timing import time_collectives

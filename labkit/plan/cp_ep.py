@@ -7,7 +7,9 @@ planner; each rule as labkit's engines run it (``labkit/parallel/context``,
   round the ring cp-1 times in forward, keys, values and their gradients cp-1 times in
   backward, then the gradients home once (``labkit.runtime.costs.ring_attention_send_bytes``): one
   send per hop, 2(cp-1)+1 per layer. The weights are replicated over cp, so every gradient is
-  averaged over cp after backward (one AllReduce per tensor).
+  averaged over cp after backward (one AllReduce per tensor). Beside tp (as Megatron-Core
+  runs cp with tp; labkit's own engines train cp with dp and fsdp), each tp rank rings the
+  keys and values of its own heads: 1/tp of them, grouped-query attention's kv heads only.
 * ep (a mixture of experts' experts cut over the dp ranks, ep = dp): a rank holds
   n_experts / ep experts; each MoE layer runs two all-to-alls forward and two backward of
   its expert buffer (``labkit.runtime.costs.moe_all_to_all_bytes``); the replicated tensors are
@@ -51,20 +53,23 @@ def ep_local_params(model_config, layout: Layout, local: float) -> float:
 
 
 def cp_ep_comm(model_config, layout: Layout, micro: int, m: int, grads_per_param: int,
-               sharded: float = 1.0) -> dict[tuple[str, str], tuple[int, float]]:
+               sharded: float = 1.0, local: float | None = None
+               ) -> dict[tuple[str, str], tuple[int, float]]:
     """{(dim, collective): (calls, tensor bytes)} cp and ep add to one rank's step.
 
     ``micro``: samples per micro-batch on a rank, ``m`` micro-batches; ``sharded``: the share
-    of a gradient a rank holds (1 / fsdp under FSDP)."""
+    of a gradient a rank holds (1 / fsdp under FSDP); ``local``: the parameters a rank holds
+    (after tp), None: the whole model's."""
     out: dict[tuple[str, str], tuple[int, float]] = {}
     experts, rest, t_experts, t_rest = parameter_tensors(model_config)
     if layout.cp > 1:
         layers = model_config.n_layers
         seq = model_config.seq_len // layout.cp
-        nbytes = ring_attention_send_bytes(layers, micro, seq, model_config.d_model, layout.cp)
+        width = model_config.kv_heads * model_config.d_head // layout.tp  # this rank's heads
+        nbytes = ring_attention_send_bytes(layers, micro, seq, width, layout.cp)
         out[("cp", "send")] = (m * layers * (2 * (layout.cp - 1) + 1), m * nbytes)
-        out[("cp", "all_reduce")] = (t_experts + t_rest,
-                                     (experts + rest) * grads_per_param * sharded)
+        held = experts + rest if local is None else local
+        out[("cp", "all_reduce")] = (t_experts + t_rest, held * grads_per_param * sharded)
     if layout.ep > 1 and is_moe(model_config):
         capacity = model_config.capacity()
         nbytes = moe_all_to_all_bytes(model_config.n_layers, model_config.n_experts, micro,

@@ -20,6 +20,10 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
   ``hardware.GPU.flash_attention_efficiency``) or "fused" (Transformer Engine's cuDNN
   kernels: no published rate, timed at the matmul rate).
+* ``fused_saves``: whether RMSNorm and grouped-query attention keep for backward what fused
+  kernels keep (``fused_saves.py``: the norm's input and one statistic per row; keys and
+  values as they are) or what eager composite ops keep (the normalized input too; keys and
+  values repeated for every query head before attention).
 * ``backward_prefetch``: when FSDP issues a backward all-gather: "pre" (before the current
   unit's gradients, overlapping them: torch FSDP1's BACKWARD_PRE; FSDP2 prefetches explicitly
   in backward by default, pytorch PR #128884) or "post" (after them, FSDP1's BACKWARD_POST:
@@ -69,6 +73,7 @@ class Framework:
     attention_dropout: bool = False
     attention_kernel: str = "fa2"
     backward_prefetch: str = "pre"
+    fused_saves: bool = True
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -80,7 +85,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "(mixed_precision_reduce), every block resharded after forward but the last "
               "(parallelize_llama.apply_fsdp: gathered again in backward), TP plan sharding "
               "embeddings and output, async TP off by default, attention through SDPA's "
-              "flash backend (FlashAttention-2)"),
+              "flash backend (FlashAttention-2); its Llama (models/llama/model.py, 2024-12) "
+              "repeats keys and values for each query group before SDPA (repeat_kv) and "
+              "computes RMSNorm in eager ops (norm_type 'rmsnorm')", fused_saves=False),
     Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
               "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
               "(parameters gathered in forward and again in backward), mixed_precision "

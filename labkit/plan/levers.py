@@ -12,7 +12,8 @@ class Lever:
 
     global_batch: int
     micro_batches: int = 1
-    precision: str = "mixed"  # "fp32", "bf16", "mixed"
+    # "fp32", "bf16", "mixed" (bf16 compute), "fp16" (fp16 compute, dynamic loss scaling)
+    precision: str = "mixed"
     activation_checkpointing: bool = False
     optimizer: str = "adam"
     # selective recomputation: True (or "attention"): Korthikanti et al. 2022's, the attention

@@ -42,8 +42,12 @@ def _state_precision(precision: str, framework_name: str = "labkit") -> str:
     """The ``model_state_bytes`` row (recipe) of the precision lever: "mixed" is the
     framework's mixed precision (labkit, torchtitan: "fp32-master", fp32 weights, gradients
     reduced in fp32 and moments, bf16 compute; Megatron: "megatron", bf16 weights, fp32 main
-    gradients, fp32 master and moments). The wire carries what memory holds (``step_comm``)."""
-    return framework(framework_name).state_recipe if precision == "mixed" else precision
+    gradients, fp32 master and moments). "fp16" keeps the same state as "mixed" (fp16
+    weights where the recipe has bf16 ones: the same bytes); its loss scale is one scalar.
+    The wire carries what memory holds (``step_comm``)."""
+    if precision in ("mixed", "fp16"):
+        return framework(framework_name).state_recipe
+    return precision
 
 
 def _optimizer_share(row: str, optimizer: str) -> float:
@@ -61,7 +65,8 @@ def _activation_blocks(model_config, layout: Layout, lever: Lever,
     tp rank: the seq x seq scores left out under fused attention or selective
     recomputation, the d_model-wide tensors split over tp under sequence parallelism."""
     no_scores = flash_attention or bool(lever.selective_recompute)
-    blocks = block_counts(model_config, layout.tp, no_scores)
+    fused = flash_attention and framework(lever.framework).fused_saves  # GPU kernels
+    blocks = block_counts(model_config, layout.tp, no_scores, fused)
     saved, inputs = blocks.saved_bytes, blocks.input_bytes
     if lever.selective_recompute == "op":
         saved = op_policy_saved_bytes(model_config, layout.tp)
@@ -119,8 +124,16 @@ def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = 
             "optimizer": state["optimizer"], "activations": activations, "other": other}
 
 
-def _head_params(model_config) -> int:
-    return model_config.vocab_size * model_config.d_model + 2 * model_config.d_model
+def _pipeline_ends(model_config, rest: float) -> float:
+    """Parameters of the larger end of a pipeline: the first stage's embeddings, or the last
+    stage's final norm (LayerNorm's weight and bias, RMSNorm's weight) and head. Tied
+    embeddings keep a copy of the token embedding as the last stage's head (Megatron-LM
+    shares it so, its gradients all-reduced between the two stages)."""
+    d = model_config.d_model
+    norm = (2 if model_config.norm == "layernorm" and model_config.bias else 1) * d
+    head = model_config.vocab_size * d
+    first = rest - norm - (0 if model_config.tie_embeddings else head)
+    return max(first, norm + head)
 
 
 def _in_flight(layout: Layout, lever: Lever) -> int:
@@ -142,8 +155,7 @@ def local_params(model_config, layout: Layout, framework_name: str = "labkit") -
         rest = counts.params - model_config.n_layers * blocks.full_params
         per_stage = math.ceil(model_config.n_layers / layout.pp)
         # the worst stage holds the larger end (embeddings or norm + head) beside its blocks
-        ends = rest if layout.pp == 1 else max(rest - _head_params(model_config),
-                                               _head_params(model_config))
+        ends = rest if layout.pp == 1 else _pipeline_ends(model_config, rest)
         if framework(framework_name).vocab_parallel:
             ends /= layout.tp
         return ep_local_params(model_config, layout, ends + per_stage * blocks.params)

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
-from dataclasses import dataclass, field
 
+from labkit.plan.cluster import Cluster
 from labkit.plan.counts import (
     forward_backward_ops,
     is_decoder,
@@ -39,7 +38,8 @@ from labkit.plan.counts import (
     param_tensors,
 )
 from labkit.plan.frameworks import framework
-from labkit.plan.hardware import OVERLAP_SLOWDOWN, Cluster
+from labkit.plan.hardware import OVERLAP_SLOWDOWN
+from labkit.plan.projection import ASSUMPTIONS, Projection
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
     Lever,
@@ -53,145 +53,7 @@ from labkit.plan.step import (
 )
 from labkit.plan.traffic import memory_bound_bytes
 from labkit.runtime.costs import ring_share, ring_steps
-from labkit.runtime.memory.units import format_bytes
 from labkit.training.layout.layout import MESH_ORDER, Layout
-
-ASSUMPTIONS = (
-    "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
-    "measured matmul throughput on this machine); bandwidth-bound work, exposed "
-    "communication and the bubble are added on top",
-    "a fused attention kernel runs at its published rate where the framework calls "
-    "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
-    "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "
-    "takes SMs: the mean measured in arXiv 2507.03114); none charged beside network "
-    "collectives (not measured there)",
-    "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
-    "its ops) runs at the "
-    "memory bandwidth",
-    "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
-    "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
-    "uses the GPU links, a group across nodes the network",
-    "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
-    "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
-    "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
-    "a pipeline idles (p-1)/v micro-batch times per step",
-    "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
-    "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",
-    "on this machine only: ranks that meet in collectives wait for the slowest one, a "
-    "measured fraction of compute (labkit.plan.jitter; 0 on GPUs and on ranks over cores)",
-    "cp's ring sends and ep's all-to-alls are exposed whole (no overlap credited: an upper "
-    "bound; ring attention sends the next block while it computes the current one)",
-    "a GPU's memory is its driver-reported total (vendors' 'GB' are GiB); a layout fits when "
-    "its peak stays under that less 2 GiB (CUDA context, NCCL buffers) and 5% "
-    "(fragmentation): hardware.MEMORY_RESERVED_BYTES, MEMORY_FRAGMENTATION",
-    "'mixed' is the framework's recipe (labkit, torchtitan: fp32 weights, gradients reduced in "
-    "fp32 and Adam moments, bf16 compute; Megatron: bf16 weights, fp32 main gradients, fp32 "
-    "master and moments); 'bf16' keeps weights and optimizer state in bf16 too (a "
-    "convergence risk)",
-    "attention: a fused causal kernel on GPUs (FlashAttention: no seq x seq scores kept or "
-    "written, half of them computed); the math path on this machine",
-)
-
-BF16_CAVEAT = ("pure bf16: weights and optimizer state in bf16 lose updates smaller than "
-               "bf16's resolution (8 bits of mantissa), a convergence risk; mixed precision is "
-               "the training default (fp32 master state)")
-
-
-@dataclass
-class Projection:
-    """One layout on one cluster, projected (never measured).
-
-    Times are seconds per step; ``comm_s`` is each dimension's busy time, ``exposed_s`` what
-    of it the step waits for."""
-
-    model: object
-    layout: Layout
-    cluster: Cluster
-    lever: Lever
-    costs: StepCosts
-    compute_s: float
-    comm_s: dict[str, float]
-    exposed_s: dict[str, float]
-    bubble_s: float
-    links: dict[str, str] = field(default_factory=dict)
-    assumptions: tuple[str, ...] = ASSUMPTIONS
-
-    @property
-    def step_s(self) -> float:
-        return self.compute_s + sum(self.exposed_s.values()) + self.bubble_s
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.lever.global_batch / self.step_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.costs.tokens / self.step_s
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs per second over the cluster's peak (no recomputation counted)."""
-        peak = self.cluster.gpu.peak_flops(self.lever.precision) * self.layout.size
-        return self.costs.model_flops / self.step_s / peak
-
-    @property
-    def hardware_flops_per_gpu(self) -> float:
-        """FLOP/s each GPU computes (recomputation counted, the busiest rank's): the
-        hardware's rate, beside ``mfu``'s model FLOPs over peak."""
-        return self.costs.flops / self.step_s
-
-    @property
-    def peak_bytes(self) -> float:
-        return self.costs.peak_bytes
-
-    @property
-    def fits(self) -> bool:
-        """Peak under the GPU's usable memory (capacity less the reserve and fragmentation)."""
-        return self.peak_bytes <= self.cluster.gpu.usable_memory_bytes
-
-    @property
-    def caveats(self) -> tuple[str, ...]:
-        """What a reader must know before trusting this layout to train (not only to run)."""
-        return (BF16_CAVEAT,) if self.lever.precision == "bf16" else ()
-
-    def time_to_train(self, tokens: float | None = None, samples: float | None = None) -> dict:
-        """Wall-clock seconds, days and GPU-hours to train ``tokens`` (or ``samples``)."""
-        if (tokens is None) == (samples is None):
-            raise ValueError("give tokens= (decoders) or samples= (any model), one of them")
-        amount = samples if samples is not None else tokens
-        if not (isinstance(amount, numbers.Real) and 0 <= amount < math.inf):
-            raise ValueError(f"time_to_train: tokens= or samples= is a number of them, 0 or "
-                             f"more and finite, not {amount!r}")
-        steps = (samples / self.lever.global_batch if samples is not None
-                 else tokens / self.costs.tokens)
-        seconds = steps * self.step_s
-        return {"seconds": seconds, "days": seconds / 86400,
-                "gpu_hours": seconds * self.layout.size / 3600}
-
-    def split(self) -> dict[str, float]:
-        return {"compute_s": self.compute_s, "exposed_comm_s": sum(self.exposed_s.values()),
-                "bubble_s": self.bubble_s, "step_s": self.step_s}
-
-    def summary(self) -> dict:
-        return {"layout": str(self.layout), "cluster": str(self.cluster),
-                "precision": self.lever.precision, "micro_batches": self.lever.micro_batches,
-                "activation_checkpointing": self.lever.activation_checkpointing,
-                **self.split(), "samples_per_s": self.samples_per_s,
-                "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
-                "hardware_tflops_per_gpu": self.hardware_flops_per_gpu / 1e12,
-                "peak_bytes": self.peak_bytes, "fits": self.fits, "links": self.links,
-                "caveats": list(self.caveats)}
-
-    def _repr_html_(self) -> str:
-        s = self.split()
-        return (f"<b>projected</b> {self.layout} on {self.cluster}: step "
-                f"{s['step_s'] * 1e3:.1f} ms (compute {s['compute_s'] * 1e3:.1f}, exposed "
-                f"comm {s['exposed_comm_s'] * 1e3:.1f}, bubble {s['bubble_s'] * 1e3:.1f}); "
-                f"MFU {self.mfu:.0%}, {self.hardware_flops_per_gpu / 1e12:.0f} hardware "
-                f"TFLOP/s per GPU; peak {format_bytes(self.peak_bytes)} per GPU of "
-                f"{format_bytes(self.cluster.gpu.usable_memory_bytes)} usable"
-                + "".join(f"<br><b>caveat</b>: {c}" for c in self.caveats) +
-                f"<br><small>assumptions: {'; '.join(self.assumptions)}</small>")
 
 
 def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
@@ -232,7 +94,8 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
         method = "tables per rank counted from the plan"
     else:
         memory, method = traced_memory(model_config, layout, lever)
-    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"])
+    memory_bound = memory_bound_bytes(model_config, layout, lever, memory["parameters"],
+                                      memory["gradients"])
     comm = step_comm(model_config, layout, lever, params, measured)
     return StepCosts(flops, model_flops, memory_bound, memory, comm, lever.global_batch,
                      tokens, method, attention)
@@ -295,6 +158,27 @@ def _matmul_s(cluster: Cluster, lever: Lever, costs: StepCosts) -> float:
 
 
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
+    """Time one step from its counted costs: compute, each dimension's busy and exposed
+    communication, the pipeline's bubble (the module docstring's model)."""
+    compute = _compute_s(model_config, layout, cluster, lever, costs)
+    busy, links, critical = _busy_s(layout, cluster, lever, costs)
+    exposed = _exposed_s(layout, cluster, lever, costs, compute, busy, critical)
+    if not cluster.gpu.measured:
+        # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
+        # where it was measured, collectives among the GPUs of one node
+        hidden = sum(busy[d] - exposed[d] for d in busy if links[d] == "in-node")
+        compute += OVERLAP_SLOWDOWN * min(hidden, compute)
+    bubble = 0.0
+    if layout.pipelined and layout.pp > 1:
+        per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches
+        bubble = (layout.pp - 1) / chunks_per_rank(layout, lever) * per_micro
+    return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
+                      bubble, links)
+
+
+def _compute_s(model_config, layout, cluster, lever, costs) -> float:
+    """Seconds of compute on the busiest rank: matmuls, bandwidth-bound bytes, and (this
+    machine) the per-op and per-tensor overheads and the ranks' jitter."""
     compute = (_matmul_s(cluster, lever, costs)
                + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
@@ -302,6 +186,12 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
                + engine_overhead_s(model_config, layout, lever, cluster))
     if layout.size > 1:  # this machine: each meeting waits for the slowest rank (jitter.py)
         compute *= 1 + cluster.sync_jitter
+    return compute
+
+
+def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict]:
+    """({dim: busy seconds}, {dim: "network" or "in-node"}, {dim: seconds that lie on the
+    critical path whatever the overlap})."""
     busy, links, critical = {}, {}, {}
     runner = framework(lever.framework)
     for (dim, kind), (calls, nbytes) in costs.comm.items():
@@ -317,35 +207,32 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
             # micro-batch, the backward's u-1 lie on the critical path
             units = (calls / lever.micro_batches + 1) / 2
             critical[dim] = critical.get(dim, 0.0) + t * (units - 1) / (2 * units - 1)
+    return busy, links, critical
+
+
+def _exposed_s(layout, cluster, lever, costs, compute, busy, critical) -> dict:
+    """{dim: seconds of its communication the step waits for}, as the framework overlaps it."""
     exposed = dict(busy)
+    runner = framework(lever.framework)
     backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
     if runner.tp_overlap and "tp" in busy:  # run under the matmuls that feed them
         exposed["tp"] = max(0.0, busy["tp"] - compute)
-    for dim, calls_dim in (("dp", "dp"), ("fsdp", "fsdp")):
-        if dim in busy:
-            calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == calls_dim
-                        and k != "all_to_all")
-            hide = backward if dim == "dp" else compute
-            if not runner.dp_overlap:  # reduced after backward, whole
-                hide, calls = 0.0, 1
-            if layout.data_engine == "naive" or cluster.gpu.measured:
-                # this machine: a CPU rank's collectives run on gloo's threads, on the one
-                # core its compute has (no copy engine, no second stream): labkit's own split
-                # measures them exposed whole (comm_s = comm_busy_s under FSDP and DDP)
-                hide = 0.0
-            late = busy[dim] - critical.get(dim, 0.0)
-            exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
-    if not cluster.gpu.measured:
-        # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
-        # where it was measured, collectives among the GPUs of one node
-        hidden = sum(busy[d] - exposed[d] for d in busy if links[d] == "in-node")
-        compute += OVERLAP_SLOWDOWN * min(hidden, compute)
-    bubble = 0.0
-    if layout.pipelined and layout.pp > 1:
-        per_micro = (compute + exposed.get("tp", 0.0)) / lever.micro_batches
-        bubble = (layout.pp - 1) / chunks_per_rank(layout, lever) * per_micro
-    return Projection(model_config, layout, cluster, lever, costs, compute, busy, exposed,
-                      bubble, links)
+    for dim in ("dp", "fsdp"):
+        if dim not in busy:
+            continue
+        calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == dim
+                    and k != "all_to_all")
+        hide = backward if dim == "dp" else compute
+        if not runner.dp_overlap:  # reduced after backward, whole
+            hide, calls = 0.0, 1
+        if layout.data_engine == "naive" or cluster.gpu.measured:
+            # this machine: a CPU rank's collectives run on gloo's threads, on the one
+            # core its compute has (no copy engine, no second stream): labkit's own split
+            # measures them exposed whole (comm_s = comm_busy_s under FSDP and DDP)
+            hide = 0.0
+        late = busy[dim] - critical.get(dim, 0.0)
+        exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
+    return exposed
 
 
 def chunks_per_rank(layout: Layout, lever: Lever) -> int:

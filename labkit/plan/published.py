@@ -1,5 +1,6 @@
-"""Published large-scale trainings, rebuilt with labkit's GPT decoder at the published shape,
-layout, batch and precision, and projected beside the figure their authors published
+"""Published large-scale trainings, rebuilt with labkit's decoder (GPT blocks, or Llama blocks
+from ``labkit.models.presets``) at the published shape, layout, batch and precision, and
+projected beside the figure their authors published
 (``python bench/published.py`` prints them all; notebook 09 shows three).
 
 Each run names its source, the published figure in the source's own unit, how a projected
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labkit.models import GPTConfig
+from labkit.models import LLAMA3_8B, GPTConfig
 from labkit.training.layout.layout import Layout
 
 NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
@@ -34,7 +35,8 @@ COUNTED_TFLOPS = "TFLOP/s per GPU (model FLOPs, labkit's count)"
 
 # Megatron 2021/2022 runs: what every row of those tables shares
 MEGATRON_2021 = ("vocabulary 51,200 and sequence 2,048 (the paper's section 5.1)",
-                 "fp16 mixed precision run as labkit's 'mixed' (same bytes per parameter)",
+                 "fp16 mixed precision with dynamic loss scaling (precision 'fp16': the "
+                 "state of Megatron's mixed precision, the gradients unscaled once a step)",
                  "no flash attention (2021: fused softmax over the full seq x seq scores)",
                  "micro-batch size 1, the rest of a replica's batch accumulated (the table "
                  "does not say; the paper's section 3.3 recommends small micro-batches)",
@@ -90,7 +92,7 @@ def _narayanan() -> list[Run]:
             Layout(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "A100-80GB",
             batch, micro, MEGATRON_TFLOPS, tflops,
             dict(activation_checkpointing=True, flash_attention=False,
-                 framework="megatron-2021"),
+                 framework="megatron-2021", precision="fp16"),
             MEGATRON_2021 + ("full activation recomputation (the formula's 4 forward passes)",)))
     return runs
 
@@ -111,13 +113,14 @@ def _korthikanti() -> list[Run]:
         runs.append(Run(f"korthikanti22_{name}_full", KORTHIKANTI, gpt(hidden, heads, layers),
                         layout, "A100-80GB", batch, micro, SECONDS, full,
                         dict(activation_checkpointing=True, flash_attention=False,
-                             framework="megatron-2021"),
+                             framework="megatron-2021", precision="fp16"),
                         common + ("full recomputation, no sequence parallelism",)))
         runs.append(Run(f"korthikanti22_{name}_sp_sel", KORTHIKANTI,
                         gpt(hidden, heads, layers), layout, "A100-80GB", batch, micro, SECONDS,
                         present,
                         dict(selective_recompute=True, sequence_parallel=True,
-                             flash_attention=False, framework="megatron-2021"),
+                             flash_attention=False, framework="megatron-2021",
+                             precision="fp16"),
                         common + ("sequence parallelism and selective recomputation (the "
                                   "attention core recomputed), the paper's 'present work'",)))
     return runs
@@ -143,11 +146,9 @@ def _bloom() -> Run:
 
 
 def _torchtitan() -> list[Run]:
-    # Llama 3.1 8B proxy: GPT blocks at width 4096; 35 blocks of 12 d^2 hold the
-    # parameters of Llama's 32 (SwiGLU 3 x 4096 x 14336, GQA 8 kv heads: 218M each)
-    model = gpt(4096, 32, 35, vocab=128256, seq=8192)
-    proxy = ("Llama 3.1 8B as GPT blocks: width 4096, 35 blocks (32 x 218M Llama block "
-             "parameters = 35 x 201M GPT block parameters, within 1%)",)
+    model = LLAMA3_8B  # Llama 3.1 8B has Llama 3 8B's shape (8.03B parameters)
+    proxy = ("Llama 3.1 8B as labkit.models.LLAMA3_8B (SwiGLU, 8 key/value heads, RMSNorm, "
+             "RoPE, no biases, untied: 8.03B parameters)",)
     runs = []
     for gpus, tps in ((8, 5762), (128, 5605)):
         runs.append(Run(
@@ -158,7 +159,7 @@ def _torchtitan() -> list[Run]:
                      "selective activation checkpointing: torchtitan's op policy (matmul and "
                      "attention outputs kept but every second matmul's, the rest recomputed)",
                      "SDPA flash attention", "Llama's elementwise ops (RMSNorm, SwiGLU, RoPE "
-                     "in eager mode) costed as the GPT block's (LayerNorm, GELU)")))
+                     "in eager mode) costed as counted on meta tensors")))
     return runs
 
 
@@ -190,7 +191,10 @@ def _foundry() -> list[Run]:
 
 def _llama3() -> list[Run]:
     # Llama 3 405B proxy: 126 GPT blocks at width 16384 (12 d^2 = 3.22B; Llama's block
-    # 3.19B: SwiGLU 3 x 16384 x 53248, GQA 8 kv heads)
+    # 3.19B: SwiGLU 3 x 16384 x 53248, GQA 8 kv heads). labkit.models.LLAMA3_405B itself
+    # counts a first stage of 94.7 GB here (eager SwiGLU keeps 4 d_ff-wide tensors, and 126
+    # layers split evenly put 8 on it; the paper takes a layer off the first and last
+    # stages, section 3.3.2, and its kernels are not published)
     model = gpt(16384, 128, 126, vocab=128256, seq=8192)
     runs = []
     for gpus, dp, tflops in ((8192, 64, 430), (16384, 128, 400)):
@@ -202,7 +206,8 @@ def _llama3() -> list[Run]:
                  framework="megatron-core"),
             ("Llama 3 405B as GPT blocks (width 16384, 126 blocks: parameters within 1%)",
              "16M tokens per step: 2,048 sequences of 8,192", "micro-batch size 1",
-             "1F1B without interleaving (the paper interleaves; labkit's v is 2 at most)",
+             "1F1B without interleaving (the paper interleaves; it does not say how many "
+             "chunks per stage)",
              "selective recomputation and sequence parallelism (the paper does not say)",
              "TFLOP/s from labkit's counted model FLOPs (the paper gives no formula)")))
     return runs
@@ -222,13 +227,14 @@ def run(name: str) -> Run:
 
 def project_run(published: Run):
     """``labkit.plan.project`` of the run at its published layout, batch and levers."""
-    from labkit.plan.hardware import Cluster
+    from labkit.plan.cluster import Cluster
     from labkit.plan.project import project
 
     cluster = Cluster(published.gpu, nodes=published.layout.size // 8, **published.cluster)
+    levers = {"precision": "mixed", **published.levers}  # the run's own, where it names one
     return project(published.model, published.layout, cluster,
                    global_batch=published.global_batch, micro_batches=published.micro_batches,
-                   precision="mixed", **published.levers)
+                   **levers)
 
 
 def in_unit(published: Run, projection) -> float:

@@ -14,7 +14,7 @@ from labkit.models import GPTConfig, MLPConfig, plan_for
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
 from labkit.training.layout.layout import Layout
 
-PRECISIONS = ("fp32", "bf16", "mixed")
+PRECISIONS = ("fp32", "bf16", "mixed", "fp16")
 
 
 class PlanError(ValueError):
@@ -79,16 +79,17 @@ def check_layout(model_config, layout: Layout, cluster, lever) -> None:
 
 
 def _check_cp_ep(model_config, layout: Layout) -> None:
-    """cp and ep as labkit's engines run them: ring attention on a decoder's sequences, not
-    beside tp or pp; experts over exactly the dp ranks, a whole number of experts each."""
+    """cp and ep as the planner projects them: ring attention on a decoder's sequences,
+    beside dp, fsdp and tp (Megatron-Core's cp x tp), not pp; experts over exactly the dp
+    ranks, a whole number of experts each."""
     from labkit.plan.cp_ep import is_moe
 
     if layout.cp > 1:
         if not isinstance(model_config, GPTConfig):
             raise PlanError("cp splits a decoder's sequences; this model has no attention")
-        if layout.tp > 1 or layout.pipelined:
-            raise PlanError("cp composes with dp and fsdp here (labkit's ring attention), not "
-                            "with tp or pp: use Layout(dp=..., fsdp=..., cp=...)")
+        if layout.pipelined:
+            raise PlanError("cp composes with dp, fsdp and tp here, not with pp: use "
+                            "Layout(dp=..., fsdp=..., cp=..., tp=...)")
         if model_config.seq_len % (2 * layout.cp):
             raise PlanError(f"cp={layout.cp} cuts each sequence into {2 * layout.cp} chunks: "
                             f"seq_len {model_config.seq_len} is not a multiple of "

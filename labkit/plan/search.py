@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from labkit.plan.cluster import Cluster
 from labkit.plan.counts import is_recommender
-from labkit.plan.hardware import Cluster
 from labkit.plan.project import Projection, _time, step_costs
 from labkit.plan.rules import PlanError, check_layout, check_lever
 from labkit.plan.step import Lever
@@ -116,13 +116,20 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
 
 def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpointing, cp,
                       optimizer: str = "adam"):
-    """Layouts with cp > 1 (with dp or fsdp) and, for a mixture of experts, ep = dp."""
+    """Layouts with cp > 1 (with dp or fsdp, and fsdp x tp) and, for a mixture of experts,
+    ep = dp."""
     from labkit.plan.cp_ep import is_moe
 
     world, levers = cluster.world_size, [(p, c) for p in precisions for c in checkpointing]
     layouts = [Layout(dp=world // c, fsdp=1, cp=c) for c in cp if c > 1 and world % c == 0]
     layouts += [Layout(fsdp=world // c, cp=c, dp_kind="fsdp") for c in cp
                 if c > 1 and world % c == 0 and world > c]
+    for c in (c for c in cp if c > 1):  # tp inside a node, cp and fsdp over the rest
+        for tp in _divisors(min(world, cluster.gpus_per_node))[1:]:
+            if world % (c * tp) == 0:
+                rest = world // (c * tp)
+                layouts.append(Layout(fsdp=rest, cp=c, tp=tp, dp_kind="fsdp") if rest > 1
+                               else Layout(cp=c, tp=tp))
     if is_moe(model_config) and world > 1:
         layouts.append(Layout(dp=world, ep=world))
     for layout in layouts:

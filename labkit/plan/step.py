@@ -36,18 +36,20 @@ DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's defaul
 
 
 @functools.lru_cache(maxsize=64)
-def _tp_pairs(model_config) -> list[tuple[int, int]]:
-    """(column layer's input width, row layer's output width) of each tp pair, once per
-    model; an AllReduce of a micro-batch's activations of that width runs in backward (at the
-    column layer's input) and in forward (at the row layer's output)."""
+def _tp_widths(model_config) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(each column layer's input width, each row layer's output width), once per model: an
+    AllReduce of a micro-batch's activations of that width runs in backward at every column
+    layer's input (SwiGLU's gate and up: one each) and in forward at every row layer's
+    output."""
     if is_decoder(model_config) and model_config.n_layers > 1:  # identical blocks
-        return _tp_pairs(replace_layers(model_config, 1)) * model_config.n_layers
+        cols, rows = _tp_widths(replace_layers(model_config, 1))
+        return cols * model_config.n_layers, rows * model_config.n_layers
     model = build_model(model_config, device="meta")
     modules = dict(model.named_modules())
     styles = plan_for(model_config).tp_styles(model)
     cols = [modules[n].in_features for n, s in styles.items() if isinstance(s, ColwiseParallel)]
     rows = [modules[n].out_features for n, s in styles.items() if isinstance(s, RowwiseParallel)]
-    return list(zip(cols, rows, strict=True))
+    return tuple(cols), tuple(rows)
 
 
 def _tokens_per_sample(model_config) -> int:
@@ -121,40 +123,16 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
     out: dict[tuple[str, str], tuple[int, float]] = {}
     m = lever.micro_batches
     micro = lever.global_batch // layout.data_size // m
-    act = compute_bytes(lever.precision)  # activations travel in the compute dtype
-    tokens = micro * _tokens_per_sample(model_config)
+    tokens = micro * _tokens_per_sample(model_config) // layout.cp  # cp: a rank's chunks
     if layout.tp > 1:
-        pairs = _tp_pairs(model_config)
-        share = 1 / layout.pp  # a stage's share of the pairs
-        calls = 2 * len(pairs) * m * share
-        width = sum(c + r for c, r in pairs)
-        if lever.activation_checkpointing and is_decoder(model_config):
-            # backward reruns each block's forward, and with it the row layers' forward
-            # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
-            # tensor backward needs is recomputed): the block's last row layer's output is
-            # not, so a block of k pairs recomputes k-1 AllReduces (measured: tests/test_plan)
-            block = _tp_pairs(replace_layers(model_config, 1))
-            again = [r for _, r in block[:-1]] * model_config.n_layers
-            calls += len(again) * m * share
-            width += sum(again)
-        out[("tp", "all_reduce")] = (round(calls), width * tokens * act * m * share)
+        out[("tp", "all_reduce")] = _tp_comm(model_config, layout, lever, tokens)
     if layout.pp > 1:
-        from labkit.plan.frameworks import framework
-
-        width = getattr(model_config, "d_model", 0) or model_config.d_hidden
-        # a middle stage sends activations forward and gradients backward; an end stage one
-        sends = m if layout.pp == 2 else 2 * m
-        if lever.virtual_stages > 1:  # each chunk boundary is a send, there and back
-            sends = 2 * m * lever.virtual_stages
-        # Megatron's scatter/gather (or sequence parallelism): each tp rank sends 1/tp
-        split = layout.tp if (framework(lever.framework).pp_scatter
-                              or lever.sequence_parallel) else 1
-        out[("pp", "send")] = (sends, sends * tokens * width * act / split)
+        out[("pp", "send")] = _pp_comm(model_config, layout, lever, tokens)
     grads = local_params * (4 if lever.precision != "bf16" else 2)
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
         out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
-                              else 2, sharded))
+                              else 2, sharded, local_params if layout.tp > 1 else None))
         if layout.ep > 1:  # replicas averaged by hand (in cp_ep_comm), not by DDP
             return out
     engine = layout.data_engine
@@ -180,6 +158,44 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out
+
+
+def _tp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[int, float]:
+    """(calls, bytes) of tp's AllReduces in a step: one per column/row pair forward and one
+    backward per micro-batch, of ``tokens`` (a micro-batch's) activations."""
+    m = lever.micro_batches
+    act = compute_bytes(lever.precision)  # activations travel in the compute dtype
+    cols, rows = _tp_widths(model_config)
+    share = 1 / layout.pp  # a stage's share of the layers
+    calls = (len(cols) + len(rows)) * m * share
+    width = sum(cols) + sum(rows)
+    if lever.activation_checkpointing and is_decoder(model_config):
+        # backward reruns each block's forward, and with it the row layers' forward
+        # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
+        # tensor backward needs is recomputed): the block's last row layer's output is
+        # not, so a block of k row layers recomputes k-1 AllReduces (measured: tests/test_plan)
+        again = list(_tp_widths(replace_layers(model_config, 1))[1][:-1]) * model_config.n_layers
+        calls += len(again) * m * share
+        width += sum(again)
+    return round(calls), width * tokens * act * m * share
+
+
+def _pp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[int, float]:
+    """(sends, bytes) of a pipeline rank's p2p in a step: activations forward, their
+    gradients backward, ``tokens`` (a micro-batch's) wide rows each."""
+    from labkit.plan.frameworks import framework
+
+    m = lever.micro_batches
+    act = compute_bytes(lever.precision)
+    width = getattr(model_config, "d_model", 0) or model_config.d_hidden
+    # a middle stage sends activations forward and gradients backward; an end stage one
+    sends = m if layout.pp == 2 else 2 * m
+    if lever.virtual_stages > 1:  # each chunk boundary is a send, there and back
+        sends = 2 * m * lever.virtual_stages
+    # Megatron's scatter/gather (or sequence parallelism): each tp rank sends 1/tp
+    split = layout.tp if (framework(lever.framework).pp_scatter
+                          or lever.sequence_parallel) else 1
+    return sends, sends * tokens * width * act / split
 
 
 def gradient_buckets(grad_bytes: float, params: float, dp: int,

@@ -11,22 +11,30 @@ from labkit.training.layout.layout import Layout
 
 
 def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
-                       parameter_bytes: float) -> float:
+                       parameter_bytes: float, gradient_bytes: float = 0.0) -> float:
     """Bytes the step's bandwidth-bound ops move on one rank: embedding lookups, the other
     non-matmul ops (counted in fp32: a bf16 step moves about half), attention's, and the
     optimizer's passes over its state (counted on its ops).
 
     Attention: the math path writes and reads the seq x seq scores (counted on meta); a fused
     kernel (FlashAttention) reads q, k, v and writes its output forward, and reads q, k, v,
-    the output and its gradient and writes three gradients backward (Dao et al. 2022): 12
-    tensors of (seq, d_model) per layer. Recomputation repeats the forward's share: a third
-    of a step's traffic (backward costs about twice forward: Kaplan et al. 2020), the whole
-    blocks' under full checkpointing, the scores' under selective recomputation."""
+    the output and its gradient and writes three gradients backward (Dao et al. 2022): q, the
+    output and their gradients 6 times (seq, d_model) per layer, k and v and theirs 6 times
+    (seq, kv_heads x d_head): 12 times (seq, d_model) under multi-head attention.
+    Recomputation repeats the forward's share: a third of a step's traffic (backward costs
+    about twice forward: Kaplan et al. 2020), the whole
+    blocks' under full checkpointing, the scores' under selective recomputation.
+
+    fp16 with dynamic loss scaling (Micikevicius et al. 2018; torch's GradScaler, Megatron's
+    DynamicGradScaler) unscales every gradient once a step and checks it for inf/NaN, one
+    fused pass that reads and writes ``gradient_bytes``."""
     counts = sample_counts(model_config)
     samples_here = lever.global_batch / layout.data_size
     width = compute_bytes(lever.precision) / 4
     if lever.flash_attention and is_decoder(model_config):
-        attention = 12.0 * 4 * model_config.n_layers * model_config.seq_len * model_config.d_model
+        kv_width = model_config.kv_heads * model_config.d_head
+        attention = (6.0 * 4 * model_config.n_layers * model_config.seq_len
+                     * (model_config.d_model + kv_width))
     else:
         attention = counts.attention_bytes + dropout_bytes(model_config, lever)
     other = counts.other_bytes + attention
@@ -38,7 +46,8 @@ def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
         other += attention / 3
     per_rank = ((counts.lookup_bytes + other * width) * samples_here / (layout.tp * layout.pp)
                 + counts.table_bytes)
-    return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes
+    unscale = 2 * gradient_bytes if lever.precision == "fp16" else 0.0
+    return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes + unscale
 
 
 def dropout_bytes(model_config, lever: Lever) -> float:

@@ -20,7 +20,7 @@ import warnings
 
 from labkit.lessons.exercise.result import CheckResult, failed, not_attempted
 from labkit.runtime.cluster import RankError, RunTimeout
-from labkit.runtime.cluster.cluster import OversubscriptionWarning
+from labkit.runtime.cluster.errors import OversubscriptionWarning
 from labkit.runtime.memory import DeviceOOM, format_bytes
 
 DEFAULT_TIMEOUT_S = 30.0  # a correct answer takes well under a second at the checks' sizes

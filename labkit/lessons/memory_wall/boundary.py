@@ -7,7 +7,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 from labkit.models import count_parameters, sized
-from labkit.runtime.cluster.cluster import OversubscriptionWarning
+from labkit.runtime.cluster.errors import OversubscriptionWarning
 from labkit.runtime.memory.oom import DeviceOOM
 from labkit.runtime.memory.units import parse_bytes
 from labkit.training.api import train

@@ -19,21 +19,23 @@ import weakref
 from datetime import timedelta
 
 import labkit.runtime.cluster.hardware as hardware
-from labkit.runtime.cluster.collect import await_ready, collect, describe, load_results
+from labkit.runtime.cluster.collect import collect, describe, load_results
 from labkit.runtime.cluster.errors import ClusterError, RanksRestartedWarning, RunTimeout
 from labkit.runtime.cluster.launcher import choose_launcher
-from labkit.runtime.cluster.per_rank import payloads, send_jobs
+from labkit.runtime.cluster.per_rank import jobs, payloads
+from labkit.runtime.cluster.placement import (
+    cluster_line,
+    job_options,
+    oversubscribed,
+    rank_spec,
+    warn_oversubscribed,
+)
 from labkit.runtime.cluster.processes import Processes
 from labkit.runtime.cluster.progress import Listeners, RunProgress
-from labkit.runtime.cluster.rank import RankSpec
 from labkit.runtime.cluster.runs import RunResults, ranks_html, seconds
 from labkit.runtime.memory import DeviceOOM, parse_bytes
 
 CLOSE_WAIT_S = 10.0  # close() waits this long for a run in another thread to let go
-
-
-class OversubscriptionWarning(UserWarning):
-    """More CPU ranks than physical cores: ranks share cores, so timings are not per-device."""
 
 
 class Cluster:
@@ -92,24 +94,10 @@ class Cluster:
 
     def _set_world_size(self, world_size: int) -> None:
         self.world_size = world_size
-        self.oversubscribed = (self.device == "cpu"
-                               and world_size > hardware.physical_cores())
+        self.oversubscribed = oversubscribed(self.device, world_size)
         if self.oversubscribed and not self._warned_oversubscribed:
             self._warned_oversubscribed = True  # once per cluster, however often it resizes
-            warnings.warn(
-                f"{world_size} CPU ranks on {hardware.physical_cores()} physical cores: ranks "
-                "share cores, so times are not those of separate devices (results say so)",
-                OversubscriptionWarning, stacklevel=4)
-
-    def _spec(self, rank: int) -> RankSpec:
-        gpus = hardware.gpu_count() if self.device == "cuda" else 0
-        sharing = hardware.ranks_per_gpu(self.world_size, gpus) if self.shared_gpus else 1
-        threads = hardware.host_threads(self.device, self.world_size)
-        return RankSpec(rank, self.world_size, self.device, self.backend, self._store.port,
-                        self._generation, self.oversubscribed,
-                        gpu_index=rank % gpus if gpus else None,
-                        pg_timeout_s=self.collective_timeout, threads=threads,
-                        ranks_on_gpu=sharing, forked=self._procs.kind == "fork")
+            warn_oversubscribed(world_size)
 
     def _start(self, deadline: float) -> None:
         """Start every rank and wait until each has joined the process group. Interrupted
@@ -124,11 +112,25 @@ class Cluster:
                                             wait_for_workers=False, timeout=timedelta(seconds=60))
             self._generation += 1
             for rank in range(self.world_size):
-                self._procs.spawn(self._spec(rank))
-            await_ready(self._procs, deadline, self.start_timeout)
+                self._procs.spawn(rank_spec(self, rank))
+            self._await_ready(deadline)
         except BaseException:
             self._procs.kill_ranks()
             raise
+
+    def _await_ready(self, deadline: float) -> None:
+        pending = {h.rank for h in self._procs.ranks}
+        while pending:
+            for handle, message in self._procs.poll(pending, 0.1):
+                if message[0] == "ready":
+                    handle.info = message[1]
+                    pending.discard(handle.rank)
+                elif message[0] in ("error", "died"):
+                    raise ClusterError(f"rank {handle.rank} could not start: "
+                                       f"{describe(self._procs, handle, message)[1]}")
+            if pending and time.monotonic() > deadline:
+                raise ClusterError(f"ranks {sorted(pending)} did not start within "
+                                   f"{self.start_timeout:.0f} s")
 
     def _revive(self) -> None:
         """Before a run: start ranks if there are none, and restart them (saying so) if one
@@ -256,7 +258,7 @@ class Cluster:
             if deadline is not None:
                 deadline += time.monotonic() - started
             self._job_id += 1
-            send_jobs(self._procs.ranks, self._job_id, pickled, self._options())
+            self._procs.send_all(jobs(self._job_id, pickled, job_options(self)))
             progress = RunProgress(self.world_size, enabled=self.progress,
                                    listener=self._listeners.current())
             try:
@@ -277,11 +279,6 @@ class Cluster:
                           backend=self.backend, oversubscribed=self.oversubscribed,
                           seconds=time.monotonic() - started, shared_gpus=self.shared_gpus)
 
-    def _options(self) -> dict:
-        gpus = hardware.gpu_count() if self.shared_gpus else 0
-        return {"capacity_bytes": self._capacity_bytes,
-                "ranks_on_gpu": hardware.ranks_per_gpu(self.world_size, gpus) if gpus else 1}
-
     # ----- showing ----------------------------------------------------------------------
     @property
     def ranks(self) -> list[dict]:
@@ -289,11 +286,7 @@ class Cluster:
         return [dict(h.info or {"rank": h.rank}) for h in self._procs.ranks]
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self._procs.ranks)} ranks up"
-        note = ", oversubscribed" if self.oversubscribed else ""
-        note += ", GPUs shared" if self.shared_gpus else ""
-        return (f"Cluster(world_size={self.world_size}, device={self.device!r}, "
-                f"backend={self.backend!r}{note}; {state})")
+        return cluster_line(self)
 
     def _repr_html_(self) -> str:
         return ranks_html(repr(self), self.ranks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 
-from labkit.runtime.cluster.errors import ClusterError, RankError, RunTimeout
+from labkit.runtime.cluster.errors import RankError, RunTimeout
 from labkit.runtime.cluster.messages import in_collective, user_frame
 from labkit.runtime.cluster.output import drain
 from labkit.runtime.cluster.untrusted import loads
@@ -44,22 +44,6 @@ def collect(procs, job_id: int, world_size: int, deadline: float | None, timeout
             raise timeout_error(procs, pending, timeout)
     drain(procs.streams())  # what ranks printed before they answered, all of it
     return [results[rank] for rank in range(world_size)]
-
-
-def await_ready(procs, deadline: float, start_timeout: float) -> None:
-    """Wait until every rank says it joined the process group (its "ready", with its pid)."""
-    pending = {h.rank for h in procs.ranks}
-    while pending:
-        for handle, message in procs.poll(pending, POLL_S):
-            if message[0] == "ready":
-                handle.info = message[1]
-                pending.discard(handle.rank)
-            elif message[0] in ("error", "died"):
-                raise ClusterError(f"rank {handle.rank} could not start: "
-                                   f"{describe(procs, handle, message)[1]}")
-        if pending and time.monotonic() > deadline:
-            raise ClusterError(f"ranks {sorted(pending)} did not start within "
-                               f"{start_timeout:.0f} s")
 
 
 def load_results(blobs: list[bytes]) -> list:

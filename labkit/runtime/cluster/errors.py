@@ -5,6 +5,10 @@ from __future__ import annotations
 RESTART_NOTE = "The cluster restarts its ranks on the next run."
 
 
+class OversubscriptionWarning(UserWarning):
+    """More CPU ranks than physical cores: ranks share cores, so timings are not per-device."""
+
+
 class ClusterError(RuntimeError):
     """Base class for every failure of a :class:`labkit.Cluster`."""
 

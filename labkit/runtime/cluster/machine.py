@@ -15,7 +15,8 @@ import html
 import warnings
 from dataclasses import dataclass
 
-from labkit.runtime.cluster.cluster import Cluster, OversubscriptionWarning
+from labkit.runtime.cluster.cluster import Cluster
+from labkit.runtime.cluster.errors import OversubscriptionWarning
 from labkit.runtime.cluster.hardware import gpu_count, physical_cores
 
 

@@ -48,15 +48,10 @@ def payloads(fn, args: tuple, kwargs: dict, world_size: int) -> list[bytes]:
     return pickled if per_rank else pickled * world_size
 
 
-def send_jobs(handles, job_id: int, pickled: list[bytes], options: dict) -> None:
-    """The job to every rank, with its own arguments (``pickled[handle.rank]``). A rank that
-    cannot take it has died: the collection that follows reports it as the cause."""
+def jobs(job_id: int, pickled: list[bytes], options: dict) -> list[bytes]:
+    """The "run" message for each rank, pickled once for all ranks that share a payload."""
     messages: dict[int, bytes] = {}
-    for handle in handles:
-        payload = pickled[handle.rank]
-        if id(payload) not in messages:  # one pickle of the message when all ranks share it
+    for payload in pickled:
+        if id(payload) not in messages:
             messages[id(payload)] = pickle.dumps(("run", job_id, payload, options))
-        try:
-            handle.conn.send_bytes(messages[id(payload)])
-        except OSError:
-            pass
+    return [messages[id(payload)] for payload in pickled]

@@ -104,6 +104,15 @@ class Processes:
             os.close(err_write)
         return handle
 
+    def send_all(self, messages: list[bytes]) -> None:
+        """A job to every rank, ``messages[rank]`` to each. A rank that cannot take it has
+        died: the collection that follows reports it as the cause."""
+        for handle in self.ranks:
+            try:
+                handle.conn.send_bytes(messages[handle.rank])
+            except OSError:
+                pass
+
     def read_zygote(self) -> None:
         """Take in every message the zygote has sent so far, without blocking."""
         while self.zygote_sock is not None:
