@@ -14,7 +14,8 @@ computed on any rank without receiving them. So a check that must hold against s
 
 Where the kernel's counters cannot be read (not Linux, a rank whose ``/proc`` entries are
 closed to this process), a check in a notebook goes on without them; the grader
-(``distrusted()``) fails the exercise instead, saying why.
+(``distrusted()``) fails the exercise instead, saying why. NCCL ranks move their data over
+NVLink, PCIe or shared memory, not their sockets: there the bytes are not counted.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class SocketCount:
 
     def __init__(self, cluster, timeout: float = 30.0):
         self.problem, self._first, self._cluster = None, None, cluster
+        self.applies = cluster.backend == "gloo"  # NCCL moves data by NVLink, shared memory
+        if not self.applies:
+            self.problem = f"{cluster.backend} does not move its data through the ranks' sockets"
+            return
         try:
             cluster.run(_ready, timeout=timeout)  # ranks up before the first reading
             self._first = WireSnapshot(self._pids())
@@ -78,8 +83,9 @@ class SocketCount:
 
     @property
     def required(self) -> bool:
-        """Whether a check must fail when the bytes cannot be counted (when grading)."""
-        return distrusted()
+        """Whether a check must fail when the bytes cannot be counted: when grading, on
+        ranks whose data crosses their sockets (gloo)."""
+        return self.applies and distrusted()
 
     def unmeasured(self) -> str:
         return (f"the grader could not count the bytes that crossed the ranks' sockets "
