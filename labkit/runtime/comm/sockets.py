@@ -3,10 +3,10 @@
 gloo moves a rank's point-to-point and collective traffic over TCP connections to its peers.
 The kernel keeps, for every TCP socket, how many bytes the peer acknowledged
 (``tcpi_bytes_acked``) and how many are still queued unacknowledged (``idiag_wqueue``): their
-sum is every byte the process wrote to the socket. ``sent_bytes(pids)`` reads them for the
-sockets each process holds (``/proc/<pid>/fd``) with one ``sock_diag`` netlink dump (what
-``ss -ti`` uses), from another process: nothing running inside the measured process can change
-what is read, whatever it does to its own Python.
+sum is every byte the process wrote to the socket. ``WireSnapshot(pids)`` reads them for the
+sockets each process holds (``/proc/<pid>/fd``) with one ``sock_diag`` netlink dump per
+address family (what ``ss -ti`` uses), from another process: nothing running inside the
+measured process can change what is read, whatever it does to its own Python.
 
 A check compares two readings (``WireSnapshot``) taken around a job: the bytes that crossed
 each rank's sockets meanwhile. Counted: TCP over IPv4 and IPv6, the sockets a process holds at
