@@ -27,6 +27,7 @@ import time
 
 import labkit
 from labkit.models import GPTConfig, count_parameters
+from labkit.training.run import resolve
 
 LEVERS = {"plain": {},
           "checkpointing": {"activation_checkpointing": True},
@@ -53,13 +54,12 @@ def _time_on_rank(ctx, configs: dict, steps: int) -> dict[str, list[float]]:
     """CPU seconds of each of ``steps`` training steps per configuration, taking turns."""
     from labkit.models import loss_fn, make_batch, to_device
     from labkit.training.build import build, parallel_context
-    from labkit.training.config import TrainConfig
-    from labkit.training.layout.presets import layout_for
+    from labkit.training.run import Run
     from labkit.training.step.spmd import micro_steps, run_step, step_precision
 
-    configs = {name: TrainConfig.from_dict(c) for name, c in configs.items()}
-    built = {name: build(parallel_context(ctx, layout_for(c, 1)), c)
-             for name, c in configs.items()}
+    runs = {name: Run.from_dict(r) for name, r in configs.items()}
+    configs = {name: run.config for name, run in runs.items()}
+    built = {name: build(parallel_context(ctx, run)) for name, run in runs.items()}
     names, times = list(configs), {name: [] for name in configs}
     for step in range(steps + 1):  # step 0 makes the optimizer state: left out
         for name in names[step % len(names):] + names[:step % len(names)]:
@@ -92,8 +92,8 @@ def main() -> None:
             report = labkit.train(cluster, config)
             figures["levers"][name] = {**_memory(report), "losses": report.losses}
             print(f"{name}: measured and estimated", flush=True)
-        times = cluster.run(_time_on_rank, {n: c.to_dict() for n, c in configs.items()},
-                            steps)[0]
+        times = cluster.run(_time_on_rank, {n: resolve(c, 1).to_dict()
+                                            for n, c in configs.items()}, steps)[0]
     plain_mib = figures["levers"]["plain"]["peak_mib"]
     plain_s = statistics.median(times["plain"])
     for name, entry in figures["levers"].items():

@@ -35,17 +35,17 @@ import labkit  # noqa: E402
 import labkit.plan as plan  # noqa: E402
 from labkit.lessons.planning.checkrun import compare, error_stats  # noqa: E402
 from labkit.models import GPT_70B, GPTConfig  # noqa: E402
-from labkit.training.layout import Layout  # noqa: E402
+from labkit.plan.parallelism import Parallelism  # noqa: E402
 
 PUBLISHED = {
     # name: (model, layout, cluster, batch, micro-batches, reported TFLOP/s per GPU, note)
     "megatron_gpt3_175b": (
         GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96),
-        Layout(dp=12, tp=8, pp=16, schedule="1f1b"), plan.Cluster("A100-80GB", nodes=192),
+        Parallelism.of(dp=12, tp=8, pp=16, schedule="1f1b"), plan.Cluster("A100-80GB", nodes=192),
         1536, 128, 153.0, "Narayanan et al. 2021, Table 1 (counts recomputation)"),
     "llama3_405b": (
         GPTConfig(vocab_size=128000, seq_len=8192, d_model=16384, n_heads=128, n_layers=126),
-        Layout(fsdp=128, tp=8, pp=16, schedule="1f1b"), plan.Cluster("H100", nodes=2048),
+        Parallelism.of(fsdp=128, tp=8, pp=16, schedule="1f1b"), plan.Cluster("H100", nodes=2048),
         2048, 16, 400.0, "Dubey et al. 2024, Table 4"),
 }
 

@@ -20,18 +20,20 @@ from labkit.parallel.pipeline.naive import recv_tensor, send_tensor
 from labkit.training.build import host_shard, parallel_context
 from labkit.training.layout import Layout
 from labkit.training.layout.mesh import mesh_for
+from labkit.training.run import resolve
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _mesh_and_groups(ctx) -> dict:
     layout = Layout(dp=2, tp=2)
-    run = parallel_context(ctx, layout)
+    resolved = resolve(labkit.TrainConfig(model=GPTConfig(), layout=layout, global_batch=4), 4)
+    run = parallel_context(ctx, resolved)
     found = {dim: dist.get_process_group_ranks(run.group(dim)) for dim in layout.degrees}
     found["coordinates"] = {dim: run.coordinate(dim) for dim in layout.degrees}
     found["data_rank"] = run.data_rank
     before = len(dist.distributed_c10d._world.pg_map)
-    again = parallel_context(ctx, layout)  # a second run with this layout: the same mesh
+    again = parallel_context(ctx, resolved)  # a second run with this layout: the same mesh
     found["same_mesh"] = again.mesh is run.mesh
     found["new_groups"] = len(dist.distributed_c10d._world.pg_map) - before
     return found

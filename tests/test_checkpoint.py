@@ -14,6 +14,7 @@ import torch
 import labkit
 from labkit.training import loop
 from labkit.training.checkpoint import CheckpointError, CheckpointWarning
+from labkit.training.run import resolve
 
 STEPS = 5
 
@@ -39,8 +40,8 @@ def _train_until_failure(ctx, config_dict: dict, fail_rank: int, fail_step: int,
 
 def _crash(cluster, config, fail_rank: int, fail_step: int, how: str) -> None:
     with pytest.raises(labkit.RankError, match=f"rank {fail_rank}"):
-        cluster.run(_train_until_failure, config.to_dict(), fail_rank, fail_step, how,
-                    timeout=120)
+        cluster.run(_train_until_failure, resolve(config, cluster.world_size).to_dict(),
+                    fail_rank, fail_step, how, timeout=120)
 
 
 def _config(**fields) -> labkit.TrainConfig:
@@ -142,7 +143,7 @@ def test_async_saves_resume_bit_for_bit(two, tmp_path):
     _resumed(report, 3)
     _assert_identical(reference, report)
     with pytest.raises(ValueError, match="needs a checkpoint_dir"):
-        labkit.TrainConfig(checkpoint_async=True)
+        resolve(labkit.TrainConfig(checkpoint_async=True), 1)
 
 
 def test_damaged_partial_and_foreign_checkpoints(two, tmp_path):
@@ -177,8 +178,8 @@ def test_a_checkpoint_dcp_cannot_read_is_passed_over(two, tmp_path):
 
 
 def test_checkpoint_fields_are_checked_before_any_rank_starts(two, tmp_path):
-    with pytest.raises(ValueError, match="needs a checkpoint_dir"):
-        labkit.TrainConfig(checkpoint_every=2)
+    with pytest.raises(ValueError, match="needs a checkpoint_dir"):  # the run resolved
+        resolve(labkit.TrainConfig(checkpoint_every=2), 1)
     with pytest.raises(TypeError, match="whole number"):
         labkit.TrainConfig(checkpoint_dir=tmp_path, checkpoint_every=1.5)
     with pytest.raises(TypeError, match="must be a path"):
@@ -216,7 +217,7 @@ def test_a_save_killed_half_way_is_never_the_latest(two, tmp_path):
     reference = labkit.train(two, config.replace(checkpoint_dir=None, checkpoint_every=None),
                              estimate=False)
     with pytest.raises(labkit.RankError, match="rank 0"):
-        two.run(_train_killed_while_saving, config.to_dict(), 4, timeout=120)
+        two.run(_train_killed_while_saving, resolve(config, 2).to_dict(), 4, timeout=120)
     assert _saved(tmp_path) == ["step-00000002", "step-00000004.tmp"]
     report = labkit.train(two, config, estimate=False)
     _resumed(report, 2)
@@ -292,7 +293,7 @@ def test_a_failed_commit_of_an_async_save_is_raised_not_hung(two, tmp_path):
     config = _config(strategy="ddp", checkpoint_dir=tmp_path, checkpoint_every=1,
                      checkpoint_async=True, steps=2)
     with pytest.raises(labkit.RankError, match="No space left on device"):
-        two.run(_train_with_a_failing_commit, config.to_dict(), timeout=60)
+        two.run(_train_with_a_failing_commit, resolve(config, 2).to_dict(), timeout=60)
 
 
 def test_prune_keeps_this_runs_newest_and_clears_dead_saves(tmp_path):
@@ -323,7 +324,7 @@ def test_prune_keeps_this_runs_newest_and_clears_dead_saves(tmp_path):
         with pytest.raises((ValueError, TypeError), match="checkpoint_keep"):
             _config(checkpoint_dir=tmp_path, checkpoint_keep=bad)
     with pytest.raises(ValueError, match="needs a checkpoint_dir"):
-        _config(checkpoint_keep=2)
+        resolve(_config(checkpoint_keep=2), 1)
 
 
 def test_a_run_that_keeps_two_checkpoints_resumes_exactly(two, tmp_path):

@@ -35,7 +35,7 @@ def _config(**fields) -> labkit.TrainConfig:
 
 @pytest.mark.parametrize("parallel, how", [
     ({"strategy": "1f1b"}, "kill"),
-    ({"layout": labkit.Layout(dp=2, pp=2, schedule="gpipe")}, "raise"),
+    ({"layout": labkit.Layout(dp=2, pp=2), "schedule": "gpipe"}, "raise"),
     ({"strategy": "zero1"}, "kill"),
     ({"strategy": "table_wise"}, "kill"),
     ({"strategy": "row_wise"}, "raise"),
@@ -57,7 +57,7 @@ def test_every_layout_resumes_bit_for_bit(request, tmp_path, parallel, how):
 # reshards (stages to one device, ZeRO-1's owned states to new owners, tables re-placed).
 @pytest.mark.parametrize("saved, resumed, n_saved, n_resumed", [
     ({"strategy": "interleaved_1f1b"}, {"strategy": "single"}, 2, 1),
-    ({"layout": labkit.Layout(dp=2, pp=2, schedule="1f1b")}, {"strategy": "1f1b"}, 4, 2),
+    ({"layout": labkit.Layout(dp=2, pp=2), "schedule": "1f1b"}, {"strategy": "1f1b"}, 4, 2),
     # 2 parameter tensors on 4 ranks: ranks 2 and 3 own no optimizer state
     ({"strategy": "zero1", "model": MLPConfig(n_layers=1)},
      {"strategy": "zero1", "model": MLPConfig(n_layers=1)}, 4, 2),

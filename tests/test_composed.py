@@ -30,26 +30,30 @@ DLRM = DLRMConfig(num_tables=4, rows_per_table=256, embedding_dim=8, bottom_hidd
                   top_hidden=16)
 FSDP = {"all_gather", "reduce_scatter"}
 
-# id: (model, layout, micro-batches, {dimension: the collectives it must carry})
+# id: (model, layout and engine choices, micro-batches, {dimension: the collectives it carries})
 COMBINATIONS = {
-    "fsdp2_tp2_gpt": (GPT, Layout(fsdp=2, tp=2), 1, {"fsdp": FSDP, "tp": {"all_reduce"}}),
-    "fsdp2_tp2_llama": (LLAMA_TIED, Layout(fsdp=2, tp=2), 1,
+    "fsdp2_tp2_gpt": (GPT, dict(layout=Layout(fsdp=2, tp=2)), 1,
+                      {"fsdp": FSDP, "tp": {"all_reduce"}}),
+    "fsdp2_tp2_llama": (LLAMA_TIED, dict(layout=Layout(fsdp=2, tp=2)), 1,
                         {"fsdp": FSDP, "tp": {"all_reduce"}}),
-    "fsdp2_tp2_mlp": (MLP, Layout(fsdp=2, tp=2), 1, {"fsdp": FSDP, "tp": {"all_reduce"}}),
-    "hsdp_dp2_fsdp2": (MLP, Layout(dp=2, fsdp=2), 1, {"fsdp": FSDP, "dp": {"all_reduce"}}),
-    "dp2_tp2": (MLP, Layout(dp=2, tp=2), 1, {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
-    "dp2_pp2_gpipe": (MLP, Layout(dp=2, pp=2, schedule="gpipe"), 2,
+    "fsdp2_tp2_mlp": (MLP, dict(layout=Layout(fsdp=2, tp=2)), 1,
+                      {"fsdp": FSDP, "tp": {"all_reduce"}}),
+    "hsdp_dp2_fsdp2": (MLP, dict(layout=Layout(dp=2, fsdp=2)), 1,
+                       {"fsdp": FSDP, "dp": {"all_reduce"}}),
+    "dp2_tp2": (MLP, dict(layout=Layout(dp=2, tp=2)), 1,
+                {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
+    "dp2_pp2_gpipe": (MLP, dict(layout=Layout(dp=2, pp=2), schedule="gpipe"), 2,
                       {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
-    "dp2_pp2_1f1b": (MLP, Layout(dp=2, pp=2, schedule="1f1b"), 2,
+    "dp2_pp2_1f1b": (MLP, dict(layout=Layout(dp=2, pp=2), schedule="1f1b"), 2,
                      {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
     # (rank 0's stage is one column-wise linear: its tp pair never communicates)
-    "tp2_pp2_cut_inside_a_tp_pair": (MLP_ODD_CUT, Layout(tp=2, pp=2), 2,
+    "tp2_pp2_cut_inside_a_tp_pair": (MLP_ODD_CUT, dict(layout=Layout(tp=2, pp=2)), 2,
                                      {"pp": {"send", "recv"}}),
-    "naive_dp2_tp2": (MLP, Layout(dp=2, tp=2, dp_kind="naive"), 1,
+    "naive_dp2_tp2": (MLP, dict(layout=Layout(dp=2, tp=2), dp_kind="naive"), 1,
                       {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
-    "naive_dp2_pp2": (MLP, Layout(dp=2, pp=2, dp_kind="naive", schedule="gpipe"), 2,
+    "naive_dp2_pp2": (MLP, dict(layout=Layout(dp=2, pp=2), dp_kind="naive", schedule="gpipe"), 2,
                       {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
-    "tables_dp2_fsdp2": (DLRM, Layout(dp=2, fsdp=2, tables="table_wise"), 1,
+    "tables_dp2_fsdp2": (DLRM, dict(layout=Layout(dp=2, fsdp=2), tables="table_wise"), 1,
                          {"fsdp": {"all_gather", "all_to_all", "all_reduce"},
                           "dp": {"all_reduce"}}),
 }
@@ -100,33 +104,35 @@ def _check(report, reference, dims: dict[str, set[str]]) -> None:
 
 @pytest.mark.parametrize("name", list(COMBINATIONS))
 def test_composed_layout_trains_as_one_device(four, references, name):
-    model, layout, micro_batches, dims = COMBINATIONS[name]
-    report = labkit.train(four, _config(model, micro_batches, layout=layout))
-    assert report.layout == layout and report.world_size == 4
+    model, parallel, micro_batches, dims = COMBINATIONS[name]
+    report = labkit.train(four, _config(model, micro_batches, **parallel))
+    assert report.layout == parallel["layout"] and report.world_size == 4
     _check(report, references(model, micro_batches), dims)
 
 
-# id: (model, layout, micro-batches, {dimension: the collectives it must carry}), on 2 ranks
+# id: (model, layout and engine choices, micro-batches, {dimension: its collectives}), 2 ranks
 LLAMA_LAYOUTS = {
-    "ddp2": (LLAMA_TIED, Layout(dp=2, dp_kind="ddp"), 1, {"dp": {"all_reduce"}}),
-    "fsdp2": (LLAMA_TIED, Layout(fsdp=2), 1, {"fsdp": FSDP}),
-    "tp2": (LLAMA_TIED, Layout(tp=2), 1, {"tp": {"all_reduce"}}),
-    "pp2_1f1b": (LLAMA, Layout(pp=2, schedule="1f1b"), 2, {"pp": {"send", "recv"}}),
+    "ddp2": (LLAMA_TIED, dict(layout=Layout(dp=2), dp_kind="ddp"), 1, {"dp": {"all_reduce"}}),
+    "fsdp2": (LLAMA_TIED, dict(layout=Layout(fsdp=2)), 1, {"fsdp": FSDP}),
+    "tp2": (LLAMA_TIED, dict(layout=Layout(tp=2)), 1, {"tp": {"all_reduce"}}),
+    "pp2_1f1b": (LLAMA, dict(layout=Layout(pp=2), schedule="1f1b"), 2,
+                 {"pp": {"send", "recv"}}),
 }
 
 
 @pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))
 def test_llama_blocks_train_as_one_device(two, references, name):
-    model, layout, micro_batches, dims = LLAMA_LAYOUTS[name]
-    report = labkit.train(two, _config(model, micro_batches, layout=layout))
+    model, parallel, micro_batches, dims = LLAMA_LAYOUTS[name]
+    report = labkit.train(two, _config(model, micro_batches, **parallel))
     _check(report, references(model, micro_batches), dims)
 
 
 def test_pipeline_tensor_and_data_parallel_in_3d_on_eight_ranks(references):
     """pp 2 x dp 2 x tp 2: Megatron's 3D layout, at the smallest size that has all three."""
-    layout = Layout(pp=2, dp=2, tp=2, schedule="1f1b")
+    layout = Layout(pp=2, dp=2, tp=2)
     with labkit.Cluster(8, device="cpu", progress=False) as eight:
-        report = labkit.train(eight, _config(MLP, 2, layout=layout), timeout=600)
+        report = labkit.train(eight, _config(MLP, 2, layout=layout, schedule="1f1b"),
+                              timeout=600)
     _check(report, references(MLP, 2),
            {"pp": {"send", "recv"}, "dp": {"all_reduce"}, "tp": {"all_reduce"}})
     # Each tp pair splits its stage's weights: about half a stage's parameters per rank.
@@ -139,8 +145,8 @@ def test_the_hybrid_recommender_splits_tables_within_groups_only(four):
     """Tables placed table-wise inside each group of 2 ranks, the same placement in both
     groups (replicas): each rank holds about half the tables, as in a 2-rank table-wise run,
     and the replicas' tables agree."""
-    report = labkit.train(four, _config(DLRM, layout=Layout(dp=2, fsdp=2,
-                                                           tables="table_wise")),
+    report = labkit.train(four, _config(DLRM, layout=Layout(dp=2, fsdp=2),
+                                        tables="table_wise"),
                           estimate=False)
     plans = [r["records"][0]["plan"]["tables_per_rank"] for r in report.ranks]
     assert all(plan == plans[0] for plan in plans) and len(plans[0]) == 2

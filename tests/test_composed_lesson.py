@@ -20,7 +20,7 @@ from labkit.lessons.layouts.plots import (
     step_split_by_dim,
 )
 from labkit.lessons.layouts.widgets import divisors, layout_from
-from labkit.training.layout import check_run
+from labkit.training.run import resolve
 from tests.exercises import COURSE, solution
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
@@ -158,7 +158,7 @@ def test_layout_picker_chooses_micro_batches_that_split_the_batch():
     explorer = labkit.widgets.LayoutExplorer(SimpleNamespace(world_size=3,
                                                              memory_per_device=None), config)
     three = explorer.config_for(labkit.Layout(pp=3))  # 6 would not split 32 samples
-    check_run(three, three.layout, 3)
+    resolve(three, 3)
     assert three.micro_batches == 4
     assert explorer.config_for(labkit.Layout(dp=2, pp=2)).micro_batches == 4
 
@@ -185,4 +185,4 @@ def test_notebook_07_picks_a_rank_count_its_layouts_split(asked):
     config = labkit.TrainConfig(model=labkit.models.MLPConfig(d_hidden=cells["d_hidden"]),
                                 global_batch=cells["global_batch"])
     for each in (layout, labkit.Layout(tp=n), labkit.Layout(dp=n)):
-        check_run(config, each, n)
+        resolve(config.replace(layout=each), n)

@@ -11,6 +11,7 @@ import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, sized
 from labkit.training import TrainConfig
 from labkit.training.fit import model_state_note
+from labkit.training.run import resolve
 
 
 @pytest.mark.parametrize("fields, error, words", [
@@ -76,8 +77,9 @@ def test_a_cap_below_the_model_state_says_what_fits(two):
     assert info.value.rank in (0, 1) and "Worked out before the run" in text
     assert "What fits" in text and "'fsdp' splits all of it" in text
     assert "activations dominate" not in text
-    assert model_state_note(TrainConfig(model=model, strategy="fsdp"), 2, 16 * 2**20) is None
-    note = model_state_note(TrainConfig(model=model, strategy="fsdp"), 1, 16 * 2**20)
+    fsdp = TrainConfig(model=model, strategy="fsdp")
+    assert model_state_note(resolve(fsdp, 2), 16 * 2**20) is None
+    note = model_state_note(resolve(fsdp, 1), 16 * 2**20)
     assert "optimizer 15.3 MiB" in note and "needs at least 2 ranks" in note
 
 

@@ -12,8 +12,9 @@ import torch
 import labkit
 from labkit.models import GPTConfig
 from labkit.parallel.context import positions, ring_attention, shard_sequence
-from labkit.parallel.context.engine import CPU_REFUSAL, engine_on, resolve_engine
-from labkit.training.layout import Layout, check_run
+from labkit.parallel.context.engine import CPU_REFUSAL, resolve_engine
+from labkit.training.layout import Layout
+from labkit.training.run import resolve
 from tests.conftest import assert_trains_as
 
 GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
@@ -25,9 +26,12 @@ def test_auto_is_torch_on_cuda_and_the_ring_on_cpu():
     assert resolve_engine("ring", "cuda") == "ring" and resolve_engine("torch", "cuda") == "torch"
     with pytest.raises(ValueError, match="CUDA ranks only.*has no sharding strategy"):
         resolve_engine("torch", "cpu")
-    # on a rank (checked before it started): the estimator's fake CPU ranks trace the ring
-    assert [engine_on(c, "cpu") for c in ("auto", "torch", "ring")] == ["ring"] * 3
-    assert [engine_on(c, "cuda") for c in ("auto", "torch", "ring")] == ["torch", "torch", "ring"]
+    # decided once, when the run is resolved; the ranks read it from the run's engines
+    config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4)
+    assert [resolve(config.replace(cp_engine=c), 2, "cuda", "nccl").engines.cp_engine
+            for c in ("auto", "torch", "ring")] == ["torch", "torch", "ring"]
+    assert resolve(config, 2).engines.cp_engine == "ring"
+    assert resolve(config.replace(layout=Layout(dp=2)), 2, "cuda", "nccl").engines.cp_engine is None
 
 
 def test_the_engine_option_is_checked_before_any_rank_starts():
@@ -35,8 +39,8 @@ def test_the_engine_option_is_checked_before_any_rank_starts():
         labkit.TrainConfig(model=GPT, cp_engine="flash")
     config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4, cp_engine="torch")
     with pytest.raises(ValueError, match="cp_engine='torch' runs on CUDA ranks only"):
-        check_run(config, config.layout, 2, "cpu", "gloo")
-    check_run(config, config.layout, 2, "cuda", "nccl")  # accepted where it runs
+        resolve(config, 2, "cpu", "gloo")
+    resolve(config, 2, "cuda", "nccl")  # accepted where it runs
     assert labkit.TrainConfig.from_dict(config.to_dict()).cp_engine == "torch"
 
 
@@ -47,7 +51,8 @@ def test_every_report_says_which_engine_ran():
 
     config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), global_batch=4)
     ranks = [{"rank": r, "records": [], "cp_engine": "torch context_parallel"} for r in (0, 1)]
-    report = TrainReport(config, 2, "cuda", "nccl", False, ranks, None, where="torchrun")
+    report = TrainReport(resolve(config, 2, "cuda", "nccl"), False, ranks, None,
+                         where="torchrun")
     assert report.extra["cp_engine"] == "torch context_parallel"
     assert TrainReport.from_dict(report.to_dict()).extra["cp_engine"] == "torch context_parallel"
 
@@ -142,13 +147,12 @@ def test_notebook_08_refuses_a_rank_count_it_cannot_run():
         check_lesson_ranks(3, [256, 512], n_experts=4, global_batch=8)
 
 
-def _train_with_torch_engine_on_cpu(ctx, config_dict: dict) -> dict:
+def _train_with_torch_engine_on_cpu(ctx, run_dict: dict) -> dict:
     """labkit's cp_engine="torch" training path (the loop shards nothing, torch's
     ``context_parallel`` shards inputs and targets, swaps SDPA, the loop averages gradients
     over cp) run on this CPU rank: DTensor is given a handler for the CPU attention op that
-    calls torch's own ring functions, the part torch 2.13 lacks on CPU. Patches undone."""
-    import importlib
-
+    calls torch's own ring functions, the part torch 2.13 lacks on CPU. Patches undone.
+    The run's engines were resolved for CUDA ranks and say "torch"; the ranks read them."""
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
@@ -169,19 +173,12 @@ def _train_with_torch_engine_on_cpu(ctx, config_dict: dict) -> dict:
                 is_causal=a[7], **info.local_kwargs)[:3]
         return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in out)
 
-    modules = [importlib.import_module(f"labkit.{m}")
-               for m in ("training.build.build", "training.loop")]
-    saved = [m.engine_on for m in modules]
     cp.existing_custom_ops.update({fwd: handler, bwd: handler})
     try:
-        for m in modules:
-            m.engine_on = lambda choice, device: "torch" if choice == "torch" else "ring"
         from labkit.training.loop import train_on_rank
 
-        return train_on_rank(ctx, config_dict)
+        return train_on_rank(ctx, run_dict)
     finally:
-        for m, engine_on in zip(modules, saved, strict=True):
-            m.engine_on = engine_on
         for op in (fwd, bwd):
             cp.existing_custom_ops.pop(op)
 
@@ -190,9 +187,11 @@ def test_the_torch_engine_path_trains_as_the_ring_on_cpu(two):
     """What runs on GPUs, but on CPU: the batch sharded by torch's load balancer, the
     positions hook, targets, the gradient average over cp (not double counted)."""
     config = labkit.TrainConfig(model=GPT, layout=Layout(cp=2), **SGD)
+    resolved = {engine: resolve(config.replace(cp_engine=engine), 2, "cuda", "nccl")
+                for engine in ("torch", "ring")}
     runs = {engine: two.run(_train_with_torch_engine_on_cpu,
-                            config.replace(cp_engine=engine).to_dict())
-            for engine in ("torch", "ring")}
+                            run.replace(device_type="cpu", backend="gloo").to_dict())
+            for engine, run in resolved.items()}
     assert [r["cp_engine"] for r in runs["torch"]] == ["torch context_parallel"] * 2
     losses = {e: [rec["loss"] for rec in runs[e][0]["records"]] for e in runs}
     assert max(abs(a - b) for a, b in zip(*losses.values(), strict=True)) < 1e-5
@@ -204,10 +203,10 @@ def test_the_torch_engine_path_trains_as_the_ring_on_cpu(two):
 def test_an_engine_chosen_for_a_layout_without_cp_is_refused_before_any_rank_starts():
     """``cp_engine`` picks what runs context parallelism; on a layout without it nothing
     would use the choice (and the report would name no engine): say so, not train."""
-    from labkit.training.layout.rules import check_run
+    from labkit.training.run import resolve
 
     for engine in ("ring", "torch"):
         config = labkit.TrainConfig(model=GPT, strategy="ddp", global_batch=4, cp_engine=engine)
         with pytest.raises(ValueError, match=f"cp_engine={engine!r} .* cp=1"):
-            check_run(config, Layout(dp=2), 2)
-    check_run(labkit.TrainConfig(model=GPT, strategy="ddp", global_batch=4), Layout(dp=2), 2)
+            resolve(config.replace(layout=Layout(dp=2)), 2)
+    resolve(labkit.TrainConfig(model=GPT, layout=Layout(dp=2), global_batch=4), 2)

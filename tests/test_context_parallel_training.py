@@ -10,7 +10,8 @@ import pytest
 
 import labkit
 from labkit.models import GPTConfig
-from labkit.training.layout import Layout, check_run
+from labkit.training.layout import Layout
+from labkit.training.run import resolve
 from tests.conftest import assert_trains_as
 
 GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
@@ -77,7 +78,7 @@ def test_a_sequence_that_runs_one_device_out_of_memory_trains_on_two(four):
 def test_cp_layouts_refused_before_any_rank_starts(model, layout, match):
     config = labkit.TrainConfig(model=model, layout=layout, global_batch=4)
     with pytest.raises(ValueError, match=match):
-        check_run(config, layout, layout.size)
+        resolve(config.replace(layout=layout), layout.size)
 
 
 def test_cp_refuses_levers_it_is_not_built_with():
@@ -86,7 +87,7 @@ def test_cp_refuses_levers_it_is_not_built_with():
                           ({"activation_checkpointing": True}, "checkpointing")]:
         config = labkit.TrainConfig(model=GPT, layout=layout, global_batch=4, **change)
         with pytest.raises(ValueError, match=match):
-            check_run(config, layout, 2)
+            resolve(config.replace(layout=layout), 2)
     config = labkit.TrainConfig(model=GPT, layout=layout, global_batch=4)
     with pytest.raises(ValueError, match="point to point"):
-        check_run(config, layout, 2, device="cuda", backend="gloo")
+        resolve(config.replace(layout=layout), 2, device_type="cuda", backend="gloo")

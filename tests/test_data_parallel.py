@@ -182,7 +182,7 @@ def test_every_training_option_reaches_the_config_from_torchrun_s_command_line()
 
 def test_a_run_survives_its_estimate_failing(one, monkeypatch):
     """The estimate is traced after the run: if the tracer fails, the run's results stand."""
-    def broken(config, world_size):
+    def broken(run):
         raise RuntimeError("tracer broke")
 
     import importlib

@@ -16,7 +16,8 @@ from labkit.models.moe import MoE
 from labkit.parallel.expert import dropped_tokens, expert_load
 from labkit.parallel.expert.observe import dropped_by_expert
 from labkit.runtime.costs import moe_all_to_all_bytes
-from labkit.training.layout import Layout, check_run
+from labkit.training.layout import Layout
+from labkit.training.run import resolve
 from tests.conftest import assert_trains_as
 
 MOE = MoEGPTConfig(vocab_size=64, seq_len=16, d_model=32, n_heads=2, n_layers=2, n_experts=4,
@@ -107,23 +108,24 @@ def test_experts_over_ranks_train_as_one_device(four, reference, layout):
 @pytest.mark.parametrize("model, degrees, match", [
     ("gpt", dict(dp=2, ep=2), "has none"),
     (MOE, dict(dp=4, ep=2), r"must equal dp \(here 4\).*Layout\(dp=4, ep=4\)"),
-    (MOE, dict(dp=2, ep=2, dp_kind="ddp"), "dp_kind='ddp' cannot run it"),
+    (MOE, dict(dp=2, ep=2, engines=dict(dp_kind="ddp")), "dp_kind='ddp' cannot run it"),
     (MoEGPTConfig(n_experts=3), dict(dp=2, ep=2), "multiple of 2"),
     (MOE, dict(tp=2), "not by tensors"),
     (MOE, dict(cp=2), "dense 'gpt'"),
 ])
 def test_expert_layouts_refused_before_any_rank_starts(model, degrees, match):
     with pytest.raises(ValueError, match=match):
+        engines = degrees.pop("engines", {})
         layout = Layout(**degrees)
-        config = labkit.TrainConfig(model=model, layout=layout, global_batch=4)
-        check_run(config, layout, layout.size)
+        config = labkit.TrainConfig(model=model, layout=layout, global_batch=4, **engines)
+        resolve(config, layout.size)
 
 
 def test_moe_refuses_micro_steps():
     layout = Layout(dp=2, ep=2)
     config = labkit.TrainConfig(model=MOE, layout=layout, global_batch=8, grad_accumulation=2)
     with pytest.raises(ValueError, match="one micro-step"):
-        check_run(config, layout, 2)
+        resolve(config.replace(layout=layout), 2)
 
 
 def test_forward_flops_per_token_count_attention():

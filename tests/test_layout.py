@@ -9,7 +9,8 @@ import pytest
 
 import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig
-from labkit.training.layout import STRATEGIES, Layout, check_run, preset
+from labkit.training.layout import STRATEGIES, Layout, preset
+from labkit.training.run import resolve
 
 
 def _config(model=None, **fields):
@@ -26,8 +27,13 @@ def _config(model=None, **fields):
     ({"dp": 2, "tables": "table_wise", "dp_kind": "naive"}, "leave dp_kind out"),
     ({"fsdp": 2, "tp": 2, "tables": "row_wise"}, "leave them at 1")])
 def test_layouts_that_no_engine_runs_are_refused(fields, message):
+    """A degree or an engine choice out of range is refused where it is written (the Layout,
+    the TrainConfig); choices that no engine runs with these degrees, when the run is
+    resolved."""
+    engines = {k: fields.pop(k) for k in ("schedule", "dp_kind", "tables") if k in fields}
     with pytest.raises(ValueError, match=message):
-        Layout(**fields)
+        layout = Layout(**fields)
+        resolve(_config(layout=layout, global_batch=8, **engines), layout.size)
 
 
 def test_numpy_degrees_are_taken_as_plain_ints():
@@ -40,7 +46,7 @@ def test_numpy_degrees_are_taken_as_plain_ints():
 def test_the_product_of_the_degrees_is_the_rank_count():
     assert Layout(pp=2, dp=2, fsdp=1, tp=2).size == 8
     with pytest.raises(ValueError, match="needs 4 ranks and the cluster has 2"):
-        check_run(_config(), Layout(dp=2, tp=2), 2)
+        resolve(_config(layout=Layout(dp=2, tp=2)), 2)
 
 
 @pytest.mark.parametrize("model, degree, message", [
@@ -49,65 +55,66 @@ def test_the_product_of_the_degrees_is_the_rank_count():
     (DLRMConfig(), 2, "tables='table_wise'")])
 def test_tensor_parallel_degree_must_suit_the_model(model, degree, message):
     with pytest.raises(ValueError, match=message):
-        check_run(_config(model), Layout(tp=degree), degree)
+        resolve(_config(model, layout=Layout(tp=degree)), degree)
 
 
 def test_pipeline_stages_need_layers_with_weights():
     # The MLP has one layer with weights per n_layers; a GPT adds embeddings, norm, head.
-    check_run(_config(MLPConfig(n_layers=4), micro_batches=4), Layout(pp=4), 4)
+    resolve(_config(MLPConfig(n_layers=4), micro_batches=4, layout=Layout(pp=4)), 4)
     with pytest.raises(ValueError, match="cannot fill 4 stages"):
-        check_run(_config(MLPConfig(n_layers=3), micro_batches=4), Layout(pp=4), 4)
-    check_run(_config(GPTConfig(n_layers=1), micro_batches=4), Layout(pp=4), 4)
+        resolve(_config(MLPConfig(n_layers=3), micro_batches=4, layout=Layout(pp=4)), 4)
+    resolve(_config(GPTConfig(n_layers=1), micro_batches=4, layout=Layout(pp=4)), 4)
     # Interleaved 1F1B: two stages per rank.
-    interleaved = Layout(pp=2, schedule="interleaved_1f1b")
-    check_run(_config(MLPConfig(n_layers=4), micro_batches=2), interleaved, 2)
+    interleaved = dict(layout=Layout(pp=2), schedule="interleaved_1f1b")
+    resolve(_config(MLPConfig(n_layers=4), micro_batches=2, **interleaved), 2)
     with pytest.raises(ValueError, match="cannot fill 4 stages"):
-        check_run(_config(MLPConfig(n_layers=3), micro_batches=2), interleaved, 2)
+        resolve(_config(MLPConfig(n_layers=3), micro_batches=2, **interleaved), 2)
     with pytest.raises(ValueError, match="chain of layers"):
-        check_run(_config(DLRMConfig(), micro_batches=2), Layout(pp=2), 2)
+        resolve(_config(DLRMConfig(), micro_batches=2, layout=Layout(pp=2)), 2)
     # The model is said first: more micro-batches would not make the DLRM a chain.
     with pytest.raises(ValueError, match="chain of layers"):
-        check_run(_config(DLRMConfig()), Layout(pp=4), 4)
+        resolve(_config(DLRMConfig(), layout=Layout(pp=4)), 4)
     with pytest.raises(ValueError, match="cannot fill 4 stages"):
-        check_run(_config(MLPConfig(n_layers=3)), Layout(pp=4), 4)
+        resolve(_config(MLPConfig(n_layers=3), layout=Layout(pp=4)), 4)
 
 
 def test_schedules_need_their_micro_batches():
     with pytest.raises(ValueError, match="at least as many micro-batches as stages"):
-        check_run(_config(micro_batches=1), Layout(pp=2), 2)  # 1F1B by default
-    check_run(_config(micro_batches=1), Layout(pp=2, schedule="gpipe"), 2)
+        resolve(_config(micro_batches=1, layout=Layout(pp=2)), 2)  # 1F1B by default
+    resolve(_config(micro_batches=1, layout=Layout(pp=2), schedule="gpipe"), 2)
     with pytest.raises(ValueError, match="one whole batch"):
-        check_run(_config(micro_batches=2), Layout(pp=2, schedule="naive"), 2)
+        resolve(_config(micro_batches=2, layout=Layout(pp=2), schedule="naive"), 2)
     with pytest.raises(ValueError, match="multiple of 2 micro-batches, not 3"):
-        check_run(_config(MLPConfig(n_layers=4), micro_batches=3, global_batch=12),
-                  Layout(pp=2, schedule="interleaved_1f1b"), 2)
+        resolve(_config(MLPConfig(n_layers=4), micro_batches=3, global_batch=12,
+                        layout=Layout(pp=2), schedule="interleaved_1f1b"), 2)
 
 
 def test_the_batch_splits_over_data_ranks_and_micro_batches_not_over_tp_or_pp():
     layout = Layout(pp=2, dp=2, tp=2)  # 2 data slices, whatever tp and pp are
-    check_run(_config(global_batch=8, micro_batches=4), layout, 8)
+    resolve(_config(global_batch=8, micro_batches=4, layout=layout), 8)
     with pytest.raises(ValueError, match="does not split evenly over 2 ranks x 4 "
                                          "micro-batches: choose a multiple of 8"):
-        check_run(_config(global_batch=12, micro_batches=4), layout, 8)
+        resolve(_config(global_batch=12, micro_batches=4, layout=layout), 8)
     with pytest.raises(ValueError, match="does not split into 4 micro-batches"):
-        check_run(_config(global_batch=6, micro_batches=4), Layout(tp=2), 2)
+        resolve(_config(global_batch=6, micro_batches=4, layout=Layout(tp=2)), 2)
 
 
 def test_tables_need_the_dlrm_and_rows_for_every_rank():
     with pytest.raises(ValueError, match="embedding tables of the zoo's 'dlrm'"):
-        check_run(_config(), Layout(fsdp=2, tables="table_wise"), 2)
+        resolve(_config(layout=Layout(fsdp=2), tables="table_wise"), 2)
     with pytest.raises(ValueError, match="without any"):
-        check_run(_config(DLRMConfig(rows_per_table=1)), Layout(fsdp=2, tables="row_wise"), 2)
-    check_run(_config(DLRMConfig()), Layout(dp=2, fsdp=2, tables="table_wise"), 4)
+        resolve(_config(DLRMConfig(rows_per_table=1), layout=Layout(fsdp=2), tables="row_wise"),
+                2)
+    resolve(_config(DLRMConfig(), layout=Layout(dp=2, fsdp=2), tables="table_wise"), 4)
 
 
 def test_pipelines_on_shared_gpus_are_refused_before_any_rank_starts():
     """Issue 18: ranks sharing a GPU talk over gloo, which cannot send GPU tensors point to
     point; a pipeline there is refused with what to do instead."""
     config = _config(micro_batches=2)
-    check_run(config, Layout(pp=2), 2, "cuda", "nccl")
+    resolve(config.replace(layout=Layout(pp=2)), 2, "cuda", "nccl")
     with pytest.raises(ValueError, match="gloo cannot send GPU tensors"):
-        check_run(config, Layout(pp=2), 2, "cuda", "gloo")
+        resolve(config.replace(layout=Layout(pp=2)), 2, "cuda", "gloo")
 
 
 def test_ddp_under_torch_distributed_debug_detail_is_refused_before_any_rank_starts(
@@ -115,16 +122,18 @@ def test_ddp_under_torch_distributed_debug_detail_is_refused_before_any_rank_sta
     """PyTorch 2.13's DDP over gloo dies of SIGSEGV under TORCH_DISTRIBUTED_DEBUG=DETAIL (a
     plain torch.multiprocessing DDP script too): refused by labkit.train with what to do,
     before a rank starts; FSDP and INFO are left to run."""
-    from labkit.training.layout.rules import check_debug_env
+    def run(layout, backend, debug, **engines):
+        return resolve(_config(layout=layout, global_batch=8, **engines), layout.size, "cpu",
+                       backend, debug=debug)
 
     with pytest.raises(ValueError, match="unset it, or set it to INFO"):
-        check_debug_env(Layout(dp=2), "gloo", "detail")
+        run(Layout(dp=2), "gloo", "detail")
     with pytest.raises(ValueError, match="DETAIL crashes"):
-        check_debug_env(Layout(dp=2, dp_kind="zero1"), "gloo", "DETAIL")
+        run(Layout(dp=2), "gloo", "DETAIL", dp_kind="zero1")
     for layout, backend, debug in ((Layout(fsdp=2), "gloo", "DETAIL"),
                                    (Layout(dp=2), "gloo", "INFO"), (Layout(dp=2), "gloo", None),
                                    (Layout(dp=2), "nccl", "DETAIL")):
-        check_debug_env(layout, backend, debug)
+        run(layout, backend, debug)
     import labkit
 
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
@@ -137,15 +146,16 @@ def test_ddp_under_torch_distributed_debug_detail_is_refused_before_any_rank_sta
 
 
 def test_every_strategy_name_is_a_preset_layout():
-    expected = {"single": Layout(), "naive_dp": Layout(dp=4, dp_kind="naive"),
-                "ddp": Layout(dp=4, dp_kind="ddp"), "zero1": Layout(dp=4, dp_kind="zero1"),
-                "fsdp": Layout(fsdp=4, dp_kind="fsdp"),
-                "naive_pipeline": Layout(pp=4, schedule="naive"),
-                "gpipe": Layout(pp=4, schedule="gpipe"), "1f1b": Layout(pp=4, schedule="1f1b"),
-                "interleaved_1f1b": Layout(pp=4, schedule="interleaved_1f1b"),
-                "tp": Layout(tp=4), "table_wise": Layout(fsdp=4, tables="table_wise"),
-                "row_wise": Layout(fsdp=4, tables="row_wise"),
-                "row_wise_dtensor": Layout(fsdp=4, tables="row_wise_dtensor")}
+    dp, fsdp, pp = Layout(dp=4), Layout(fsdp=4), Layout(pp=4)
+    expected = {"single": (Layout(), {}), "naive_dp": (dp, {"dp_kind": "naive"}),
+                "ddp": (dp, {"dp_kind": "ddp"}), "zero1": (dp, {"dp_kind": "zero1"}),
+                "fsdp": (fsdp, {"dp_kind": "fsdp"}),
+                "naive_pipeline": (pp, {"schedule": "naive"}),
+                "gpipe": (pp, {"schedule": "gpipe"}), "1f1b": (pp, {"schedule": "1f1b"}),
+                "interleaved_1f1b": (pp, {"schedule": "interleaved_1f1b"}),
+                "tp": (Layout(tp=4), {}), "table_wise": (fsdp, {"tables": "table_wise"}),
+                "row_wise": (fsdp, {"tables": "row_wise"}),
+                "row_wise_dtensor": (fsdp, {"tables": "row_wise_dtensor"})}
     assert set(expected) == set(STRATEGIES)
     for name, layout in expected.items():
         assert preset(name, 1 if name == "single" else 4) == layout
@@ -154,8 +164,10 @@ def test_every_strategy_name_is_a_preset_layout():
     with pytest.raises(ValueError, match="unknown strategy"):
         preset("magic", 2)
     # A preset's engine runs even on one rank: "ddp" x1 is DDP, measured with DDP's buckets.
-    assert preset("ddp", 1).data_engine == "ddp" and preset("gpipe", 1).pipelined
-    assert Layout().data_engine is None and not Layout().pipelined
+    one = labkit.TrainConfig(global_batch=8)
+    assert resolve(one.replace(strategy="ddp"), 1).engines.data_engine == "ddp"
+    assert resolve(one.replace(strategy="gpipe"), 1).engines.pipelined
+    assert resolve(one, 1).engines.data_engine is None and not resolve(one, 1).engines.pipelined
 
 
 def test_ranks_are_numbered_pp_outermost_and_tp_innermost():
@@ -166,7 +178,9 @@ def test_ranks_are_numbered_pp_outermost_and_tp_innermost():
     assert layout.groups("fsdp") == [[r] for r in range(8)]
     assert layout.coordinates(6) == {"pp": 1, "dp": 1, "fsdp": 0, "cp": 0, "tp": 0}
     assert all(layout.rank_at(**layout.coordinates(r)) == r for r in range(8))
-    assert str(layout) == "pp2 x dp2 x tp2 (1f1b)"
+    assert str(layout) == "pp2 x dp2 x tp2"  # degrees; the run's label names the schedule
+    assert labkit.TrainConfig(layout=layout).label == "pp2 x dp2 x tp2 (1f1b)"
+    assert labkit.TrainConfig(layout=layout, schedule="gpipe").label == "pp2 x dp2 x tp2 (gpipe)"
 
 
 def test_train_config_takes_a_layout_or_a_strategy_name():
@@ -175,8 +189,8 @@ def test_train_config_takes_a_layout_or_a_strategy_name():
     assert labkit.TrainConfig.from_dict(config.to_dict()) == config
     assert config.replace(strategy="ddp").layout is None  # a name replaces the layout
     assert labkit.TrainConfig(strategy="ddp").replace(layout=Layout(dp=2)).strategy == "single"
-    with pytest.raises(ValueError, match="not both"):
-        labkit.TrainConfig(strategy="ddp", layout=Layout(dp=2))
+    with pytest.raises(ValueError, match="not both"):  # when the run is resolved
+        resolve(labkit.TrainConfig(strategy="ddp", layout=Layout(dp=2)), 2)
     with pytest.raises(ValueError, match="unknown strategy"):
         labkit.TrainConfig(strategy="magic")
 

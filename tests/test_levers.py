@@ -12,7 +12,7 @@ from labkit.models import GPTConfig, MLPConfig, build_model
 from labkit.runtime.costs import model_state_bytes
 from labkit.runtime.memory.oom import CATEGORIES, MODEL_STATE
 from labkit.training.layout import Layout
-from labkit.training.layout.rules import check_run
+from labkit.training.run import resolve
 
 GPT = GPTConfig()  # 2 blocks, 64 tokens per sample: activations dominate at batch 16
 LEVERS = {"checkpointing": {"activation_checkpointing": True},
@@ -42,7 +42,7 @@ def test_lever_fields_are_checked_where_written(fields, error, message):
 def test_levers_refused_where_they_do_not_apply(fields, layout, message):
     config = labkit.TrainConfig(**{"model": GPT, "global_batch": 16, **fields}, layout=layout)
     with pytest.raises(ValueError, match=message):
-        check_run(config, layout, layout.size)
+        resolve(config.replace(layout=layout), layout.size)
 
 
 @pytest.fixture(scope="module")

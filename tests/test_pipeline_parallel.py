@@ -10,7 +10,7 @@ import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, plan_for
 from labkit.parallel.pipeline.stages import split_stages, stage_module
 from labkit.parallel.pipeline.timeline import bubble_fraction, theoretical_bubble
-from labkit.training.layout import check_run, preset
+from labkit.training.run import resolve
 from tests.conftest import descendants
 
 # Compute-dominated: each micro-batch's work dwarfs sending its activations.
@@ -146,7 +146,7 @@ def test_interleaved_1f1b_on_four_ranks_is_refused_before_any_rank_starts(model)
     config = labkit.TrainConfig(model=model, strategy="interleaved_1f1b", micro_batches=4,
                                 global_batch=16)
     with pytest.raises(ValueError, match="cannot fill 8 stages"):
-        check_run(config, preset("interleaved_1f1b", 4), 4)
+        resolve(config, 4)
 
 
 def test_pipeline_explorer_redraws_for_new_micro_batches(two):

@@ -12,6 +12,7 @@ import labkit
 import labkit.plan as plan
 from labkit.models import GPT_70B, DLRMConfig, GPTConfig
 from labkit.plan.counts import sample_counts, traced_sample_counts
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.step import Lever, decoder_memory, local_params, step_comm
 from labkit.training.estimate import estimate_memory
 from labkit.training.layout import Layout
@@ -60,7 +61,8 @@ def test_embedding_lookups_are_costed_in_bytes():
     assert projection.costs.memory_bound_bytes >= 4096 * counts.lookup_bytes
 
 
-@pytest.mark.parametrize("layout", [Layout(fsdp=2), Layout(tp=2), Layout(pp=2, schedule="1f1b")])
+@pytest.mark.parametrize("layout", [Parallelism.of(fsdp=2), Parallelism.of(tp=2),
+                                    Parallelism.of(pp=2, schedule="1f1b")])
 def test_memory_per_block_brackets_the_traced_estimate(layout):
     """The search's per-block memory is never below the fake-tensor trace and at most 40%
     above (it adds categories' peaks that the trace sees at different moments)."""
@@ -68,21 +70,22 @@ def test_memory_per_block_brackets_the_traced_estimate(layout):
     micro = 2 if layout.pipelined else 1
     counted = sum(decoder_memory(config, layout, Lever(16, micro, "fp32"), measured=True,
                                  flash_attention=False).values())
-    traced = estimate_memory(labkit.TrainConfig(model=config, layout=layout, global_batch=16,
+    traced = estimate_memory(labkit.TrainConfig(model=config, **layout.config_fields(),
+                                                global_batch=16,
                                                 micro_batches=micro), layout.size).peak_bytes
     assert 0.95 * traced <= counted <= 1.4 * traced
 
 
-LAYOUTS = [(Layout(dp=2, dp_kind="ddp"), 1, False), (Layout(fsdp=2), 1, False),
-           (Layout(tp=2), 1, False), (Layout(tp=2), 1, True),
-           (Layout(pp=2, schedule="1f1b"), 2, False)]
+LAYOUTS = [(Parallelism.of(dp=2, dp_kind="ddp"), 1, False), (Parallelism.of(fsdp=2), 1, False),
+           (Parallelism.of(tp=2), 1, False), (Parallelism.of(tp=2), 1, True),
+           (Parallelism.of(pp=2, schedule="1f1b"), 2, False)]
 
 
 def test_collective_bytes_equal_a_measured_run():
     with labkit.Cluster(2, device="cpu") as cluster:
         for layout, micro, ckpt in LAYOUTS:
-            report = labkit.train(cluster, model=SMALL, layout=layout, global_batch=8, steps=2,
-                                  micro_batches=micro, estimate=False,
+            report = labkit.train(cluster, model=SMALL, **layout.config_fields(), global_batch=8,
+                                  steps=2, micro_batches=micro, estimate=False,
                                   activation_checkpointing=ckpt)
             measured = {(dim, kind): (c["calls"], c["bytes"])
                         for dim, kinds in report.comm_by_dim().items()
@@ -114,7 +117,7 @@ def test_tensor_parallel_stays_in_a_node_and_data_parallel_crosses():
 def test_pipeline_bubble_shrinks_with_micro_batches():
     cluster = plan.Cluster("H100", gpus_per_node=8, nodes=1)
     config = dataclasses.replace(SMALL, n_layers=8)
-    few, many = (plan.project(config, Layout(pp=8, schedule="1f1b"), cluster,
+    few, many = (plan.project(config, Parallelism.of(pp=8, schedule="1f1b"), cluster,
                               global_batch=64, micro_batches=m) for m in (8, 64))
     assert few.bubble_s / few.compute_s == pytest.approx(7 / 8, rel=0.05)
     assert many.bubble_s / many.compute_s == pytest.approx(7 / 64, rel=0.05)
@@ -151,7 +154,7 @@ def test_megatron_gpt3_175b_on_a100s_fits():
     recomputed; 153 TFLOP/s per GPU reported. The same model as plain replicas cannot fit."""
     model = GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96)
     cluster = plan.Cluster("A100-80GB", gpus_per_node=8, nodes=192)
-    published = plan.project(model, Layout(dp=12, tp=8, pp=16, schedule="1f1b"), cluster,
+    published = plan.project(model, Parallelism.of(dp=12, tp=8, pp=16, schedule="1f1b"), cluster,
                              global_batch=1536, micro_batches=128, precision="mixed",
                              activation_checkpointing=True)
     assert published.fits
@@ -168,7 +171,7 @@ def test_llama3_405b_on_h100s_fits():
     model = GPTConfig(vocab_size=128000, seq_len=8192, d_model=16384, n_heads=128,
                       n_layers=126)
     cluster = plan.Cluster("H100", gpus_per_node=8, nodes=2048)
-    published = plan.project(model, Layout(fsdp=128, tp=8, pp=16, schedule="1f1b"), cluster,
+    published = plan.project(model, Parallelism.of(fsdp=128, tp=8, pp=16, schedule="1f1b"), cluster,
                              global_batch=2048, micro_batches=16, precision="mixed",
                              activation_checkpointing=True)
     assert published.fits
@@ -185,8 +188,9 @@ def test_mlperf_dlrm_tables_need_more_than_one_gpu():
     one = plan.project(model, Layout(), plan.Cluster("A100-80GB", gpus_per_node=1),
                        global_batch=65536, precision="fp32", optimizer="sgd")
     assert not one.fits
-    eight = plan.project(model, Layout(fsdp=8, tables="table_wise"), plan.Cluster("A100-80GB"),
-                         global_batch=65536, precision="fp32", optimizer="sgd")
+    eight = plan.project(model, Parallelism.of(fsdp=8, tables="table_wise"),
+                         plan.Cluster("A100-80GB"), global_batch=65536, precision="fp32",
+                         optimizer="sgd")
     assert eight.fits
 
 

@@ -16,10 +16,11 @@ import labkit.plan as plan
 from labkit.models import LLAMA3_8B, PUBLISHED_SHAPES, GPTConfig, build_model, count_parameters
 from labkit.models.gpt import SelfAttention, rotary
 from labkit.plan.counts import sample_counts
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.step import Lever, decoder_memory, local_params, step_comm
 from labkit.training.estimate import estimate_memory
 from labkit.training.layout import Layout
-from labkit.training.layout.rules import check_run
+from labkit.training.run import resolve
 
 LLAMA = GPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2, mlp="swiglu",
                   d_ff=96, n_kv_heads=2, norm="rmsnorm", position="rope", bias=False)
@@ -77,18 +78,18 @@ def test_tp_must_divide_the_key_value_heads():
     config = dataclasses.replace(LLAMA, n_heads=8, n_kv_heads=2)
     train = labkit.TrainConfig(model=config, global_batch=8, layout=Layout(tp=4))
     with pytest.raises(ValueError, match=r"tp must divide n_kv_heads \(2\): choose tp in \[1, 2\]"):
-        check_run(train, Layout(tp=4), 4)
+        resolve(train.replace(layout=Layout(tp=4)), 4)
     with pytest.raises(plan.PlanError, match="n_kv_heads"):
         plan.project(config, Layout(tp=4), plan.Cluster("H100", gpus_per_node=4), 8)
-    check_run(dataclasses.replace(train, layout=Layout(tp=2)), Layout(tp=2), 2)  # 2 divides 2
+    resolve(train.replace(layout=Layout(tp=2)), 2)  # 2 divides 2
 
 
 def test_tied_embeddings_refuse_a_pipeline():
     tied = dataclasses.replace(LLAMA, tie_embeddings=True)
-    layout = Layout(pp=2, schedule="1f1b")
+    layout = Layout(pp=2)
     with pytest.raises(ValueError, match="tie_embeddings=False with pp"):
-        check_run(labkit.TrainConfig(model=tied, global_batch=8, micro_batches=2,
-                                     layout=layout), layout, 2)
+        resolve(labkit.TrainConfig(model=tied, global_batch=8, micro_batches=2,
+                                   layout=layout), 2)
 
 
 def test_fused_kernels_keep_less_of_a_llama_block_and_nothing_changes_for_a_gpt():
@@ -113,21 +114,21 @@ def test_presets_count_their_published_parameters(name):
 def test_llama3_8b_counts_8_03_billion_in_the_planner_too():
     assert round(count_parameters(LLAMA3_8B) / 1e7) == 803
     assert sample_counts(LLAMA3_8B).params == count_parameters(LLAMA3_8B)
-    assert local_params(LLAMA3_8B, Layout()) == count_parameters(LLAMA3_8B)
+    assert local_params(LLAMA3_8B, Parallelism.of()) == count_parameters(LLAMA3_8B)
 
 
 # ----- the planner's counts against a measured run -----------------------------------------
-LAYOUTS = [(Layout(dp=2, dp_kind="ddp"), 1, False), (Layout(fsdp=2), 1, False),
-           (Layout(tp=2), 1, False), (Layout(tp=2), 1, True),
-           (Layout(pp=2, schedule="1f1b"), 2, False)]
+LAYOUTS = [(Parallelism.of(dp=2, dp_kind="ddp"), 1, False), (Parallelism.of(fsdp=2), 1, False),
+           (Parallelism.of(tp=2), 1, False), (Parallelism.of(tp=2), 1, True),
+           (Parallelism.of(pp=2, schedule="1f1b"), 2, False)]
 
 
 def test_llama_collective_bytes_equal_a_measured_run(two):
     """SwiGLU's gate and up are two column layers: two backward AllReduces where the GPT's
     MLP has one; the fused qkv of grouped-query attention keeps one."""
     for layout, micro, ckpt in LAYOUTS:
-        report = labkit.train(two, model=LLAMA, layout=layout, global_batch=8, steps=2,
-                              micro_batches=micro, estimate=False,
+        report = labkit.train(two, model=LLAMA, **layout.config_fields(), global_batch=8,
+                              steps=2, micro_batches=micro, estimate=False,
                               activation_checkpointing=ckpt)
         measured = {(dim, kind): (c["calls"], c["bytes"])
                     for dim, kinds in report.comm_by_dim().items()
@@ -138,12 +139,14 @@ def test_llama_collective_bytes_equal_a_measured_run(two):
             layout, ckpt)
 
 
-@pytest.mark.parametrize("layout", [Layout(fsdp=2), Layout(tp=2), Layout(pp=2, schedule="1f1b")])
+@pytest.mark.parametrize("layout", [Parallelism.of(fsdp=2), Parallelism.of(tp=2),
+                                    Parallelism.of(pp=2, schedule="1f1b")])
 def test_llama_memory_per_block_brackets_the_traced_estimate(layout):
     config = dataclasses.replace(LLAMA, n_layers=4)
     micro = 2 if layout.pipelined else 1
     counted = sum(decoder_memory(config, layout, Lever(16, micro, "fp32"), measured=True,
                                  flash_attention=False).values())
-    traced = estimate_memory(labkit.TrainConfig(model=config, layout=layout, global_batch=16,
-                                                micro_batches=micro), layout.size).peak_bytes
+    traced = estimate_memory(labkit.TrainConfig(model=config, **layout.config_fields(),
+                                                global_batch=16, micro_batches=micro),
+                             layout.size).peak_bytes
     assert 0.95 * traced <= counted <= 1.4 * traced

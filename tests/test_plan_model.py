@@ -12,6 +12,7 @@ import pytest
 import labkit.plan as plan
 from labkit.models import GPT_7B, GPTConfig
 from labkit.plan.hardware import GiB, MiB
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import step_costs
 from labkit.plan.step import Lever, local_params, step_comm
 from labkit.runtime.comm import AlphaBeta, fit_alpha_beta
@@ -66,7 +67,7 @@ def test_pure_bf16_ranks_after_mixed_with_a_caveat():
 
 
 def test_mixed_gradients_are_fp32_in_memory_and_on_the_wire():
-    layout, lever = Layout(dp=8), Lever(8, 1, "mixed")
+    layout, lever = Parallelism.of(dp=8), Lever(8, 1, "mixed")
     costs = step_costs(SMALL, layout, lever)
     params = local_params(SMALL, layout)
     assert costs.memory["gradients"] == pytest.approx(4 * params)  # fp32, as labkit trains
@@ -99,7 +100,7 @@ def test_calibration_memory_without_a_cap_is_the_machines():
 
 
 def test_tensor_parallel_recompute_all_reduces_are_counted():
-    layout = Layout(tp=2)
+    layout = Parallelism.of(tp=2)
     plain, ckpt = (step_comm(SMALL, layout, Lever(8, 1, "fp32", ac), local_params(SMALL, layout))
                    for ac in (False, True))
     calls, nbytes = plain[("tp", "all_reduce")]
@@ -119,9 +120,9 @@ def test_cp_and_ep_bytes_equal_a_measured_run():
 
     moe = MoEGPTConfig(vocab_size=256, seq_len=32, d_model=64, n_heads=4, n_layers=2)
     with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        for model, layout in ((SMALL, Layout(cp=2)), (moe, Layout(dp=2, ep=2))):
-            report = labkit.train(cluster, model=model, layout=layout, global_batch=8, steps=2,
-                                  optimizer="sgd", estimate=False)
+        for model, layout in ((SMALL, Parallelism.of(cp=2)), (moe, Parallelism.of(dp=2, ep=2))):
+            report = labkit.train(cluster, model=model, **layout.config_fields(), global_batch=8,
+                                  steps=2, optimizer="sgd", estimate=False)
             measured = {(dim, kind): (c["calls"], c["bytes"])
                         for dim, kinds in report.comm_by_dim().items()
                         for kind, c in kinds.items() if kind != "recv"}
@@ -171,7 +172,7 @@ def test_cp_and_ep_in_projection_and_search():
     assert ring.costs.memory["activations"] < 0.6 * one.costs.memory["activations"]
     assert ring.links["cp"] == "in-node" and ring.exposed_s["cp"] > 0
     with pytest.raises(plan.PlanError, match="not with pp"):
-        plan.project(long, Layout(cp=2, pp=2, schedule="1f1b"), node, global_batch=4,
+        plan.project(long, Parallelism.of(cp=2, pp=2, schedule="1f1b"), node, global_batch=4,
                      micro_batches=2)
     moe = MoEGPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=2,
                        n_experts=4)
@@ -233,8 +234,8 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
 
     tensors = param_tensors(_GPT)
     for layout, engines in ((Layout(tp=2), ("tp",)), (Layout(fsdp=2), ("fsdp",)),
-                            (Layout(dp=2, dp_kind="ddp"), ()),
-                            (Layout(pp=2, schedule="gpipe"), ())):
+                            (Parallelism.of(dp=2, dp_kind="ddp"), ()),
+                            (Parallelism.of(pp=2, schedule="gpipe"), ())):
         extra = step(measured, layout) - step(plain, layout)
         want = sum(fitted[e][0] for e in engines) * tensors
         assert extra == pytest.approx(want, rel=1e-6, abs=1e-12), layout
@@ -317,7 +318,7 @@ def test_ops_charged_per_step_are_the_ops_a_cpu_step_dispatches():
         Count.n = 0
         with Count():  # the second step: Adam's state exists, as in every later step
             run_step(model, batch, loss_fn(SMALL), optimizer, "fp32", micro_batches=micro)
-        charged = _ops(SMALL, Layout(), Lever(4, micro, "fp32", False, "adam"))
+        charged = _ops(SMALL, Parallelism.of(), Lever(4, micro, "fp32", False, "adam"))
         assert charged == pytest.approx(Count.n, rel=0.03), micro
 
 
@@ -356,7 +357,7 @@ def test_meeting_in_collectives_is_measured_and_charged_to_multi_rank_steps_only
     links = {"all_reduce": AlphaBeta("all_reduce", 2, 4e-4, 1e9)}
     calm = Calibration(2, 1e11, 1e10, 2e-5, 1e9, links, cores=2)
     jumpy = dataclasses.replace(calm, sync_jitter=0.25)
-    ddp = Layout(dp=2, dp_kind="ddp")
+    ddp = Parallelism.of(dp=2, dp_kind="ddp")
     a, b = (plan.project(_GPT, ddp, c.cluster(), global_batch=16, precision="fp32")
             for c in (calm, jumpy))
     assert b.compute_s == pytest.approx(1.25 * a.compute_s)
@@ -377,13 +378,13 @@ def test_engine_probe_decoder_splits_by_tp_at_any_rank_count():
     from labkit.plan.counts import param_tensors
     from labkit.plan.engines import WIDTHS, fit_overhead, tiny, weight_bytes
     from labkit.training.config import TrainConfig
-    from labkit.training.layout.rules import check_run
+    from labkit.training.run import resolve
 
     for ranks in range(1, 9):
         for width in WIDTHS:
             config = tiny(width, ranks)
-            check_run(TrainConfig(model=config, layout=Layout(tp=ranks), global_batch=ranks,
-                                  precision="fp32"), Layout(tp=ranks), ranks)
+            resolve(TrainConfig(model=config, layout=Layout(tp=ranks), global_batch=ranks,
+                                  precision="fp32").replace(layout=Layout(tp=ranks)), ranks)
             assert param_tensors(config) == param_tensors(tiny(width))
     assert tiny(16, 2) == tiny(16)  # 1, 2 and 4 ranks measure what they did before
     sizes = {w: weight_bytes(w, 3) for w in WIDTHS}

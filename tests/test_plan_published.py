@@ -13,6 +13,7 @@ import labkit.plan as plan
 from labkit.models import GPTConfig
 from labkit.plan.frameworks import FRAMEWORKS
 from labkit.plan.hardware import GPUS
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.step import gradient_buckets
 from labkit.runtime.costs import model_state_bytes
 from labkit.training.layout import Layout
@@ -69,7 +70,7 @@ def test_selective_recompute_and_sequence_parallel_save_memory_and_time():
 
 
 def test_zero_beside_tp_and_pp_shards_the_optimizer_state():
-    layout = Layout(dp=4, tp=2, pp=2, schedule="1f1b")
+    layout = Parallelism.of(dp=4, tp=2, pp=2, schedule="1f1b")
     cluster = plan.Cluster("A100-80GB", gpus_per_node=8, nodes=2)
     kw = dict(global_batch=64, micro_batches=4, framework="megatron-core")
     plain = plan.project(MEGATRON_22B, layout, cluster, **kw)
@@ -142,14 +143,14 @@ def test_a_pipeline_runs_at_its_busiest_stage():
 
     model = GPTConfig(vocab_size=50000, seq_len=256, d_model=512, n_heads=8, n_layers=7)
     lever = Lever(16, 4)
-    even, _ = step_flops(model, Layout(), lever)
-    staged, _ = step_flops(model, Layout(pp=4, schedule="1f1b"), lever)
+    even, _ = step_flops(model, Parallelism.of(), lever)
+    staged, _ = step_flops(model, Parallelism.of(pp=4, schedule="1f1b"), lever)
     # 2 of 7 blocks and the whole head on the last stage: more than a quarter of the work
     assert staged > even / 4
 
 
 def test_interleaving_v_chunks_shrinks_the_bubble():
-    layout = Layout(dp=1, tp=8, pp=8, schedule="1f1b")
+    layout = Parallelism.of(dp=1, tp=8, pp=8, schedule="1f1b")
     cluster = plan.Cluster("A100-80GB", nodes=8)
     model = GPTConfig(vocab_size=51200, seq_len=2048, d_model=12288, n_heads=96, n_layers=96)
     kw = dict(global_batch=16, micro_batches=16, activation_checkpointing=True)
@@ -168,13 +169,13 @@ def test_flash_attention_runs_at_its_kernels_rate_not_the_matmuls():
 
     model = GPTConfig(vocab_size=32000, seq_len=8192, d_model=2048, n_heads=16, n_layers=8)
     h100 = plan.Cluster("H100")
-    p = plan.project(model, Layout(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
+    p = plan.project(model, Parallelism.of(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
                      framework="torchtitan")
     attention, peak = p.costs.attention_flops, h100.gpu.bf16_flops
     assert 0 < attention < p.costs.flops
     assert _matmul_s(h100, p.lever, p.costs) == pytest.approx(
         (p.costs.flops - attention) / (peak * h100.efficiency) + attention / (peak * 0.35))
-    fused = plan.project(model, Layout(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
+    fused = plan.project(model, Parallelism.of(fsdp=8, dp_kind="fsdp"), h100, global_batch=8,
                          framework="megatron-core")
     assert _matmul_s(h100, fused.lever, fused.costs) == pytest.approx(
         fused.costs.flops / (peak * h100.efficiency))
@@ -185,8 +186,8 @@ def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_on
     from labkit.plan.project import _matmul_s
 
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
-    for layout, nodes in ((Layout(fsdp=8, dp_kind="fsdp"), 1),
-                          (Layout(fsdp=16, dp_kind="fsdp"), 2)):
+    for layout, nodes in ((Parallelism.of(fsdp=8, dp_kind="fsdp"), 1),
+                          (Parallelism.of(fsdp=16, dp_kind="fsdp"), 2)):
         cluster = plan.Cluster("H100", nodes=nodes)
         p = plan.project(model, layout, cluster, global_batch=8 * layout.size,
                          framework="torchtitan")
@@ -208,7 +209,7 @@ def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
     # Composer's default BACKWARD_POST issues a backward all-gather after the previous unit's
     # gradients (torch's BackwardPrefetch docstring): its u-1 backward gathers are exposed
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
-    layout, cluster = Layout(fsdp=8, dp_kind="fsdp"), plan.Cluster("H100")
+    layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.Cluster("H100")
     pre, post = (plan.project(model, layout, cluster, global_batch=64, framework=name)
                  for name in ("labkit", "composer"))
     units = model.n_layers + 1

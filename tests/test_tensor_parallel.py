@@ -12,8 +12,9 @@ import labkit
 from labkit.models import GPTConfig, MLPConfig, loss_fn, make_batch, plan_for
 from labkit.parallel.tensor import parallel_mlp, tensor_parallel_mlp
 from labkit.training.build import build, parallel_context
-from labkit.training.layout import Layout, preset
+from labkit.training.layout import Layout
 from labkit.training.layout.mesh import mesh_for
+from labkit.training.run import Run, resolve
 
 
 def _local(tensor):
@@ -116,12 +117,13 @@ def test_tp_degree_must_divide_the_width_or_heads(model, degree, message):
         check_tp_degree(model, degree)
 
 
-def _comm_debug_mode_counts(ctx, config_dict: dict) -> dict:
+def _comm_debug_mode_counts(ctx, run_dict: dict) -> dict:
     """PyTorch's own per-module collective counts (CommDebugMode), the reference."""
     from torch.distributed.tensor.debug import CommDebugMode
 
-    config = labkit.TrainConfig.from_dict(config_dict)
-    model = build(parallel_context(ctx, preset("tp", ctx.world_size)), config).model
+    run = Run.from_dict(run_dict)
+    config = run.config
+    model = build(parallel_context(ctx, run)).model
     inputs, targets = make_batch(config.model, 0, config.global_batch, config.seed)
     with CommDebugMode() as mode:
         loss_fn(config.model)(model(inputs), targets).backward()
@@ -150,7 +152,8 @@ def test_comm_per_layer_matches_theory_and_pytorch(two):
                      ("layers.4", "backward"): ("all_reduce", 1, 12 * 64 * 4, [12, 64])}
     assert layers.calls("forward") == 2 and layers.calls("backward") == 1
     assert all(r["seconds"] > 0 for r in layers.rows)
-    reference = two.run(_comm_debug_mode_counts, config.to_dict())[0]
+    run = resolve(config.replace(strategy="tp"), two.world_size)
+    reference = two.run(_comm_debug_mode_counts, run.to_dict())[0]
     assert reference == {key: calls for key, (_, calls, _, _) in found.items()}
     step = labkit.train(two, config, steps=2).ranks[0]["records"][-1]
     assert step["comm_kinds"] == {"all_reduce": [3, layers.total("bytes"),

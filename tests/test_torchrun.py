@@ -171,7 +171,7 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
 
     from torch.distributed.run import get_args_parser
 
-    from labkit.training.layout import check_run, layout_for
+    from labkit.training.run import resolve
     from labkit.training.torchrun import _configs, add_arguments
 
     script = Path(__file__).parent.parent / "scripts" / "slurm" / "train.sbatch"
@@ -193,7 +193,7 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
-    check_run(config, layout_for(config, 16), 16, "cuda", "nccl")
+    resolve(config, 16, "cuda", "nccl")
     assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every
 
 

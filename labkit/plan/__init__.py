@@ -10,9 +10,10 @@ from labkit.plan import published
 from labkit.plan.calibrate import Calibration, calibrate
 from labkit.plan.cluster import Cluster
 from labkit.plan.hardware import GPU, GPUS, gpu
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import ASSUMPTIONS, Projection, project
 from labkit.plan.rules import PlanError
 from labkit.plan.search import SearchResult, search
 
-__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "PlanError", "Projection",
-           "SearchResult", "calibrate", "gpu", "project", "published", "search"]
+__all__ = ["ASSUMPTIONS", "GPU", "GPUS", "Calibration", "Cluster", "Parallelism", "PlanError",
+           "Projection", "SearchResult", "calibrate", "gpu", "project", "published", "search"]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 
+from labkit.plan.parallelism import Parallelism
 from labkit.runtime.costs import moe_all_to_all_bytes, ring_attention_send_bytes
-from labkit.training.layout.layout import Layout
 
 
 def is_moe(model_config) -> bool:
@@ -44,7 +44,7 @@ def parameter_tensors(model_config) -> tuple[int, int, int, int]:
     return n_exp, n_rest, t_exp, len(params) - t_exp
 
 
-def ep_local_params(model_config, layout: Layout, local: float) -> float:
+def ep_local_params(model_config, layout: Parallelism, local: float) -> float:
     """Parameters a rank holds once its experts are 1/ep of them (``local``: before ep)."""
     if layout.ep == 1 or not is_moe(model_config):
         return local
@@ -52,7 +52,7 @@ def ep_local_params(model_config, layout: Layout, local: float) -> float:
     return local - experts * (1 - 1 / layout.ep)
 
 
-def cp_ep_comm(model_config, layout: Layout, micro: int, m: int, grads_per_param: int,
+def cp_ep_comm(model_config, layout: Parallelism, micro: int, m: int, grads_per_param: int,
                sharded: float = 1.0, local: float | None = None
                ) -> dict[tuple[str, str], tuple[int, float]]:
     """{(dim, collective): (calls, tensor bytes)} cp and ep add to one rank's step.

@@ -82,12 +82,14 @@ def _engine_step(ctx, config, layout: Layout, batch: int):
     from labkit.models import local_slice, make_batch
     from labkit.training.build import build, parallel_context
     from labkit.training.config import TrainConfig
+    from labkit.training.run import resolve
     from labkit.training.step.spmd import run_step
 
-    run = parallel_context(ctx, layout)
     train = TrainConfig(model=config, layout=layout, global_batch=batch * layout.data_size,
                         precision="fp32")
-    built = build(run, train)
+    # resolved on the rank: this measurement starts no run of its own from the notebook
+    run = parallel_context(ctx, resolve(train, ctx.world_size, ctx.device.type, ctx.backend))
+    built = build(run)
     data = local_slice(make_batch(config, 0, train.global_batch, 0), run.data_rank,
                        layout.data_size)
 

@@ -21,11 +21,11 @@ from labkit.plan.counts import block_counts, is_decoder, rest_saved_bytes, sampl
 from labkit.plan.cp_ep import ep_local_params
 from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, compute_bytes
+from labkit.plan.parallelism import Parallelism
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
-from labkit.training.layout.layout import Layout
 
 
-def _zero_stage(layout: Layout, lever: Lever | None = None) -> tuple[int, int]:
+def _zero_stage(layout: Parallelism, lever: Lever | None = None) -> tuple[int, int]:
     """(ZeRO stage, ranks it shards over) of the layout's data-parallel engine, or of the
     lever's ``zero_stage`` over the dp replicas (beside tp and pp)."""
     engine = layout.data_engine
@@ -59,7 +59,7 @@ def _optimizer_share(row: str, optimizer: str) -> float:
     return (master + OPTIMIZER_STATE_COPIES[optimizer] * moment) / adam
 
 
-def _activation_blocks(model_config, layout: Layout, lever: Lever,
+def _activation_blocks(model_config, layout: Parallelism, lever: Lever,
                        flash_attention: bool) -> tuple:
     """(block counts, bytes one block saves per sample, its input's bytes per sample) on a
     tp rank: the seq x seq scores left out under fused attention or selective
@@ -90,7 +90,7 @@ def op_policy_saved_bytes(model_config, tp: int) -> float:
     return tokens * (kept + model_config.d_model // tp + model_config.d_model)
 
 
-def decoder_memory(model_config, layout: Layout, lever: Lever, measured: bool = False,
+def decoder_memory(model_config, layout: Parallelism, lever: Lever, measured: bool = False,
                    flash_attention: bool = True) -> dict[str, float]:
     """Peak bytes by category on the worst rank of a decoder layout (no trace)."""
     blocks, saved, inputs = _activation_blocks(model_config, layout, lever, flash_attention)
@@ -136,7 +136,7 @@ def _pipeline_ends(model_config, rest: float) -> float:
     return max(first, norm + head)
 
 
-def _in_flight(layout: Layout, lever: Lever) -> int:
+def _in_flight(layout: Parallelism, lever: Lever) -> int:
     """Micro-batches whose activations a stage holds at once (the first stage's)."""
     schedule = layout.pipeline_schedule
     if schedule is None:
@@ -146,7 +146,7 @@ def _in_flight(layout: Layout, lever: Lever) -> int:
     return min(layout.pp, lever.micro_batches)
 
 
-def local_params(model_config, layout: Layout, framework_name: str = "labkit") -> float:
+def local_params(model_config, layout: Parallelism, framework_name: str = "labkit") -> float:
     """Parameters one rank holds before any ZeRO sharding (split by tp and pp; the embedding
     and head split over tp too where the framework's are vocab-parallel)."""
     counts = sample_counts(model_config)

@@ -39,6 +39,7 @@ from labkit.plan.counts import (
 )
 from labkit.plan.frameworks import framework
 from labkit.plan.hardware import OVERLAP_SLOWDOWN
+from labkit.plan.parallelism import Parallelism, parallelism
 from labkit.plan.projection import ASSUMPTIONS, Projection
 from labkit.plan.recommender import recommender_memory
 from labkit.plan.step import (
@@ -56,7 +57,7 @@ from labkit.runtime.costs import ring_share, ring_steps
 from labkit.training.layout.layout import MESH_ORDER, Layout
 
 
-def spans_nodes(layout: Layout, dim: str, gpus_per_node: int) -> bool:
+def spans_nodes(layout: Parallelism, dim: str, gpus_per_node: int) -> bool:
     """Whether ``dim``'s groups reach past one node (ranks are numbered tp innermost)."""
     order = list(MESH_ORDER)
     stride = math.prod(getattr(layout, d) for d in order[order.index(dim) + 1:])
@@ -79,7 +80,7 @@ def _collective_s(cluster: Cluster, kind: str, group: int, calls: int, nbytes: f
 
 
 @functools.lru_cache(maxsize=4096)
-def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = False,
+def step_costs(model_config, layout: Parallelism, lever: Lever, measured: bool = False,
                flash_attention: bool = True) -> StepCosts:
     """The counted costs of one step on the worst rank (cached per layout)."""
     flops, model_flops = step_flops(model_config, layout, lever)
@@ -101,12 +102,13 @@ def step_costs(model_config, layout: Layout, lever: Lever, measured: bool = Fals
                      tokens, method, attention)
 
 
-def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str]:
+def traced_memory(model_config, layout: Parallelism, lever: Lever) -> tuple[dict, str]:
     """Peak by category from ``estimate_memory`` (fake tensors, the real engines)."""
     from labkit.training.config import TrainConfig
     from labkit.training.estimate import estimate_memory
 
-    config = TrainConfig(model=model_config, layout=layout, global_batch=lever.global_batch,
+    config = TrainConfig(model=model_config, **layout.config_fields(),
+                         global_batch=lever.global_batch,
                          micro_batches=lever.micro_batches if layout.pipelined else 1,
                          grad_accumulation=1 if layout.pipelined else lever.micro_batches,
                          precision=lever.precision, optimizer=lever.optimizer,
@@ -115,7 +117,7 @@ def traced_memory(model_config, layout: Layout, lever: Lever) -> tuple[dict, str
     return {k: float(v) for k, v in estimate.at_peak.items()}, "traced on fake tensors"
 
 
-def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
+def project(model_config, layout: Layout | Parallelism, cluster: Cluster, global_batch: int,
             micro_batches: int = 1, precision: str = "mixed",
             activation_checkpointing: bool = False, optimizer: str = "adam", *,
             selective_recompute: bool = False, sequence_parallel: bool = False,
@@ -132,6 +134,7 @@ def project(model_config, layout: Layout, cluster: Cluster, global_batch: int,
     micro-batch times and each micro-batch crosses v times as many stage boundaries)."""
     from labkit.plan.rules import check_layout, warn_tokens_as_batch
 
+    layout = parallelism(layout)  # a Layout: its engines' defaults
     warn_tokens_as_batch(model_config, global_batch)
     measured = cluster.gpu.measured
     flash = (not measured) if flash_attention is None else bool(flash_attention)
@@ -235,13 +238,13 @@ def _exposed_s(layout, cluster, lever, costs, compute, busy, critical) -> dict:
     return exposed
 
 
-def chunks_per_rank(layout: Layout, lever: Lever) -> int:
+def chunks_per_rank(layout: Parallelism, lever: Lever) -> int:
     """Model chunks each pipeline rank holds: the lever's ``virtual_stages``, else the
     layout's (2 under interleaved 1F1B)."""
     return lever.virtual_stages or layout.stages_per_rank
 
 
-def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Cluster) -> float:
+def engine_overhead_s(model_config, layout: Parallelism, lever: Lever, cluster: Cluster) -> float:
     """What tp's DTensor dispatch and FSDP2's hooks add to a step: a cost per parameter
     tensor on this rank (per micro-batch), for each engine the layout uses (measured on this
     machine: ``labkit.plan.engines``; no figure on GPUs, so 0 there). The part of the measured
@@ -254,7 +257,7 @@ def engine_overhead_s(model_config, layout: Layout, lever: Lever, cluster: Clust
     return sum(used) * param_tensors(model_config) * lever.micro_batches / layout.pp
 
 
-def _ops(model_config, layout: Layout, lever: Lever) -> float:
+def _ops(model_config, layout: Parallelism, lever: Lever) -> float:
     """Kernel launches per step on a rank (for a fixed per-op cost): one sample's forward and
     backward per micro-batch, and the optimizer's ops once per step, on this rank's share of
     the layers."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from labkit.plan.cluster import Cluster
 from labkit.plan.levers import Lever, StepCosts
+from labkit.plan.parallelism import Parallelism
 from labkit.runtime.memory.units import format_bytes
-from labkit.training.layout.layout import Layout
 
 ASSUMPTIONS = (
     "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
@@ -72,7 +72,7 @@ class Projection:
     of it the step waits for."""
 
     model: object
-    layout: Layout
+    layout: Parallelism
     cluster: Cluster
     lever: Lever
     costs: StepCosts

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labkit.models import LLAMA3_8B, GPTConfig
-from labkit.training.layout.layout import Layout
+from labkit.plan.parallelism import Parallelism
 
 NARAYANAN = ("Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU "
              "Clusters Using Megatron-LM', Table 1 (weak scaling, A100 80GB, Selene)")
@@ -50,7 +50,7 @@ class Run:
     name: str
     source: str
     model: GPTConfig
-    layout: Layout
+    layout: Parallelism
     gpu: str
     global_batch: int
     micro_batches: int
@@ -89,7 +89,7 @@ def _narayanan() -> list[Run]:
         micro = batch // dp  # micro-batch size 1
         runs.append(Run(
             f"megatron21_{billions:g}B", NARAYANAN, gpt(hidden, heads, layers),
-            Layout(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "A100-80GB",
+            Parallelism.of(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "A100-80GB",
             batch, micro, MEGATRON_TFLOPS, tflops,
             dict(activation_checkpointing=True, flash_attention=False,
                  framework="megatron-2021", precision="fp16"),
@@ -107,7 +107,7 @@ def _korthikanti() -> list[Run]:
     for name, heads, hidden, layers, tp, pp, gpus, batch, full, present in rows:
         dp = gpus // (tp * pp)
         micro = batch // dp  # micro-batch size 1
-        layout = Layout(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None)
+        layout = Parallelism.of(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None)
         common = MEGATRON_2021[:4] + ("1F1B; the 530B and 1T interleave in the paper's "
                                       "section 6 (not said for Table 5): taken as plain",)
         runs.append(Run(f"korthikanti22_{name}_full", KORTHIKANTI, gpt(hidden, heads, layers),
@@ -129,7 +129,7 @@ def _korthikanti() -> list[Run]:
 def _bloom() -> Run:
     return Run(
         "bloom_176B", BLOOM, gpt(14336, 112, 70, vocab=250880),
-        Layout(dp=8, tp=4, pp=12, schedule="1f1b"), "A100-80GB", 2048, 2048 // 8 // 2,
+        Parallelism.of(dp=8, tp=4, pp=12, schedule="1f1b"), "A100-80GB", 2048, 2048 // 8 // 2,
         MEGATRON_TFLOPS, 150.0,
         dict(activation_checkpointing=True, flash_attention=False, zero_stage=1,
              framework="megatron-deepspeed"),
@@ -152,7 +152,7 @@ def _torchtitan() -> list[Run]:
     runs = []
     for gpus, tps in ((8, 5762), (128, 5605)):
         runs.append(Run(
-            f"torchtitan_8B_fsdp{gpus}", TITAN, model, Layout(fsdp=gpus, dp_kind="fsdp"),
+            f"torchtitan_8B_fsdp{gpus}", TITAN, model, Parallelism.of(fsdp=gpus, dp_kind="fsdp"),
             "H100-96GB", 2 * gpus, 1, TOKENS, tps,
             dict(selective_recompute="op", flash_attention=True, framework="torchtitan"),
             proxy + ("local batch 2 of 8,192 tokens; FSDP2 bf16 parameters, fp32 reduce",
@@ -175,7 +175,7 @@ def _foundry() -> list[Run]:
     for name, d, heads, layers, gpus, mbs, accumulation, ckpt, tps in rows:
         runs.append(Run(
             f"mpt_{name}_{gpus}gpu", FOUNDRY, gpt(d, heads, layers, vocab=50368),
-            Layout(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
+            Parallelism.of(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
             accumulation, TOKENS, tps,
             dict(activation_checkpointing=ckpt, flash_attention=True, framework="composer"),
             ("MPT blocks as GPT blocks (4 d expansion, LayerNorm; MPT has no biases, ALiBi "
@@ -200,7 +200,7 @@ def _llama3() -> list[Run]:
     for gpus, dp, tflops in ((8192, 64, 430), (16384, 128, 400)):
         runs.append(Run(
             f"llama3_405B_{gpus}", LLAMA3, model,
-            Layout(fsdp=dp, tp=8, pp=16, schedule="1f1b", dp_kind="fsdp"), "H100",
+            Parallelism.of(fsdp=dp, tp=8, pp=16, schedule="1f1b", dp_kind="fsdp"), "H100",
             2048, 2048 // dp, COUNTED_TFLOPS, tflops,
             dict(selective_recompute=True, sequence_parallel=True, flash_attention=True,
                  framework="megatron-core"),

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 
 from labkit.plan.counts import sample_counts
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.step import Lever, _zero_stage
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES, model_state_bytes
-from labkit.training.layout.layout import Layout
 
 
-def recommender_memory(model_config, layout: Layout, lever: Lever) -> dict[str, float]:
+def recommender_memory(model_config, layout: Parallelism, lever: Lever) -> dict[str, float]:
     """Peak bytes by category on the worst rank of a DLRM layout (no trace).
 
     Tables: whole tables spread over the fsdp group (table_wise: the fullest rank holds
@@ -41,7 +41,7 @@ def recommender_memory(model_config, layout: Layout, lever: Lever) -> dict[str, 
             "optimizer": optimizer, "activations": activations, "other": 0.0}
 
 
-def table_comm(model_config, layout: Layout, lever: Lever) -> dict:
+def table_comm(model_config, layout: Parallelism, lever: Lever) -> dict:
     """A DLRM whose tables are placed over fsdp: ids gathered and rows exchanged (table-wise)
     or partial rows reduce-scattered and their gradients gathered (row-wise), the dense MLPs'
     gradients averaged over every rank, the tables' over dp (replicated across groups)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import warnings
 
 from labkit.models import GPTConfig, MLPConfig, plan_for
+from labkit.plan.parallelism import Parallelism
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
-from labkit.training.layout.layout import Layout
 
 PRECISIONS = ("fp32", "bf16", "mixed", "fp16")
 
@@ -49,7 +49,7 @@ def check_lever(lever) -> None:
                         f"{lever.optimizer!r}")
 
 
-def check_layout(model_config, layout: Layout, cluster, lever) -> None:
+def check_layout(model_config, layout: Parallelism, cluster, lever) -> None:
     """Raise ``PlanError`` unless ``layout`` can train ``model_config`` on ``cluster``."""
     check_lever(lever)
     if layout.size != cluster.world_size:
@@ -78,7 +78,7 @@ def check_layout(model_config, layout: Layout, cluster, lever) -> None:
         _check_pipeline(model_config, layout, lever)
 
 
-def _check_cp_ep(model_config, layout: Layout) -> None:
+def _check_cp_ep(model_config, layout: Parallelism) -> None:
     """cp and ep as the planner projects them: ring attention on a decoder's sequences,
     beside dp, fsdp and tp (Megatron-Core's cp x tp), not pp; experts over exactly the dp
     ranks, a whole number of experts each."""
@@ -103,7 +103,7 @@ def _check_cp_ep(model_config, layout: Layout) -> None:
                             f"and divide the {model_config.n_experts} experts")
 
 
-def _check_batch(layout: Layout, lever) -> None:
+def _check_batch(layout: Parallelism, lever) -> None:
     split = layout.data_size * lever.micro_batches
     if lever.global_batch % split:
         raise PlanError(f"global batch {lever.global_batch} does not split over "
@@ -111,7 +111,7 @@ def _check_batch(layout: Layout, lever) -> None:
                         f" choose a multiple of {split}")
 
 
-def _check_pipeline(model_config, layout: Layout, lever) -> None:
+def _check_pipeline(model_config, layout: Parallelism, lever) -> None:
     layers = getattr(model_config, "n_layers", 0)
     if layers < layout.pp:
         raise PlanError(f"{layout.pp} stages need {layout.pp} layers at least; the model has "

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from labkit.plan.cluster import Cluster
 from labkit.plan.counts import is_recommender
+from labkit.plan.parallelism import Parallelism
 from labkit.plan.project import Projection, _time, step_costs
 from labkit.plan.rules import PlanError, check_layout, check_lever
 from labkit.plan.step import Lever
-from labkit.training.layout.layout import Layout
 
 
 @dataclass
@@ -107,7 +107,7 @@ def candidates(model_config, cluster: Cluster, global_batch: int,
                 for micro in _micro_batches(global_batch, dp * fsdp, pp):
                     for precision in precisions:
                         for ckpt in checkpointing:
-                            layout = Layout(dp=dp, fsdp=fsdp, tp=tp, pp=pp,
+                            layout = Parallelism.of(dp=dp, fsdp=fsdp, tp=tp, pp=pp,
                                             schedule="1f1b" if pp > 1 else None,
                                             dp_kind="fsdp" if fsdp > 1 else None)
                             yield layout, Lever(global_batch, micro, precision, ckpt,
@@ -121,17 +121,18 @@ def _cp_ep_candidates(model_config, cluster, global_batch, precisions, checkpoin
     from labkit.plan.cp_ep import is_moe
 
     world, levers = cluster.world_size, [(p, c) for p in precisions for c in checkpointing]
-    layouts = [Layout(dp=world // c, fsdp=1, cp=c) for c in cp if c > 1 and world % c == 0]
-    layouts += [Layout(fsdp=world // c, cp=c, dp_kind="fsdp") for c in cp
+    layouts = [Parallelism.of(dp=world // c, fsdp=1, cp=c) for c in cp
+               if c > 1 and world % c == 0]
+    layouts += [Parallelism.of(fsdp=world // c, cp=c, dp_kind="fsdp") for c in cp
                 if c > 1 and world % c == 0 and world > c]
     for c in (c for c in cp if c > 1):  # tp inside a node, cp and fsdp over the rest
         for tp in _divisors(min(world, cluster.gpus_per_node))[1:]:
             if world % (c * tp) == 0:
                 rest = world // (c * tp)
-                layouts.append(Layout(fsdp=rest, cp=c, tp=tp, dp_kind="fsdp") if rest > 1
-                               else Layout(cp=c, tp=tp))
+                layouts.append(Parallelism.of(fsdp=rest, cp=c, tp=tp, dp_kind="fsdp")
+                               if rest > 1 else Parallelism.of(cp=c, tp=tp))
     if is_moe(model_config) and world > 1:
-        layouts.append(Layout(dp=world, ep=world))
+        layouts.append(Parallelism.of(dp=world, ep=world))
     for layout in layouts:
         for micro in _micro_batches(global_batch, layout.data_size, 1):
             for precision, ckpt in levers:
@@ -143,11 +144,11 @@ def _recommender_candidates(cluster: Cluster, global_batch: int, precisions,
     """A recommender's layouts: replicas, FSDP, and tables placed whole or split by rows over
     all GPUs or inside each node (replicated across nodes: the hybrid used in production)."""
     world, node = cluster.world_size, cluster.gpus_per_node
-    layouts = [Layout(dp=world, dp_kind="ddp"), Layout(fsdp=world, dp_kind="fsdp")]
+    layouts = [Parallelism.of(dp=world, dp_kind="ddp"), Parallelism.of(fsdp=world, dp_kind="fsdp")]
     for tables in ("table_wise", "row_wise"):
-        layouts.append(Layout(fsdp=world, tables=tables))
+        layouts.append(Parallelism.of(fsdp=world, tables=tables))
         if 1 < node < world:
-            layouts.append(Layout(dp=world // node, fsdp=node, tables=tables))
+            layouts.append(Parallelism.of(dp=world // node, fsdp=node, tables=tables))
     for layout in layouts:
         for precision in precisions:
             yield layout, Lever(global_batch, 1, precision, False, optimizer)

@@ -29,7 +29,7 @@ from labkit.plan.counts import block_counts, is_decoder, sample_counts
 from labkit.plan.cp_ep import cp_ep_comm
 from labkit.plan.levers import Lever, StepCosts, compute_bytes
 from labkit.plan.memory_model import _zero_stage, decoder_memory, local_params
-from labkit.training.layout.layout import Layout
+from labkit.plan.parallelism import Parallelism
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket (torch.distributed's default: 1 MiB)
@@ -65,7 +65,7 @@ def attention_flops(model_config) -> float:
     return 4.0 * model_config.n_layers * model_config.seq_len ** 2 * model_config.d_model
 
 
-def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float]:
+def step_flops(model_config, layout: Parallelism, lever: Lever) -> tuple[float, float]:
     """(FLOPs of this rank, model FLOPs of the step over all ranks).
 
     Recomputation: full checkpointing reruns the blocks' forward; selective reruns the
@@ -101,7 +101,7 @@ def step_flops(model_config, layout: Layout, lever: Lever) -> tuple[float, float
     return per_sample * lever.global_batch * share / (layout.size / layout.pp), model
 
 
-def fused_attention_flops(model_config, layout: Layout, lever: Lever) -> float:
+def fused_attention_flops(model_config, layout: Parallelism, lever: Lever) -> float:
     """FLOPs this rank's fused attention kernel (FlashAttention) does in a step: its forward
     (half the scores under the causal mask) and its backward (3.5 x 0.5 of the forward's
     attention FLOPs in all, ``step_flops``), again under full checkpointing; the busiest
@@ -117,7 +117,7 @@ def fused_attention_flops(model_config, layout: Layout, lever: Lever) -> float:
     return per_sample * lever.global_batch * stage / (layout.size / layout.pp)
 
 
-def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
+def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: float,
               measured: bool = False) -> dict[tuple[str, str], tuple[int, float]]:
     """{(dim, collective): (calls, tensor bytes)} one rank issues in one step."""
     out: dict[tuple[str, str], tuple[int, float]] = {}
@@ -160,7 +160,7 @@ def step_comm(model_config, layout: Layout, lever: Lever, local_params: float,
     return out
 
 
-def _tp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[int, float]:
+def _tp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tuple[int, float]:
     """(calls, bytes) of tp's AllReduces in a step: one per column/row pair forward and one
     backward per micro-batch, of ``tokens`` (a micro-batch's) activations."""
     m = lever.micro_batches
@@ -180,7 +180,7 @@ def _tp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[i
     return round(calls), width * tokens * act * m * share
 
 
-def _pp_comm(model_config, layout: Layout, lever: Lever, tokens: int) -> tuple[int, float]:
+def _pp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tuple[int, float]:
     """(sends, bytes) of a pipeline rank's p2p in a step: activations forward, their
     gradients backward, ``tokens`` (a micro-batch's) wide rows each."""
     from labkit.plan.frameworks import framework
@@ -217,7 +217,7 @@ def ddp_buckets(grad_bytes: float) -> int:
     return 1 + math.ceil(rest / DDP_BUCKET_BYTES)
 
 
-def _block_share(model_config, layout: Layout, local: float) -> float:
+def _block_share(model_config, layout: Parallelism, local: float) -> float:
     """Parameters of a rank's FSDP units other than the root (its blocks or linears)."""
     if is_decoder(model_config):
         return math.ceil(model_config.n_layers / layout.pp) * block_counts(
@@ -225,7 +225,7 @@ def _block_share(model_config, layout: Layout, local: float) -> float:
     return local  # the MLP: every linear is a unit, the root holds none
 
 
-def _units(model_config, layout: Layout) -> int:
+def _units(model_config, layout: Parallelism) -> int:
     """FSDP units on a rank: each block (each linear of the MLP) and the root."""
     layers = getattr(model_config, "n_layers", 1)
     return math.ceil(layers / layout.pp) + 1

@@ -7,10 +7,10 @@ from __future__ import annotations
 from labkit.plan.counts import is_decoder, optimizer_counts, sample_counts
 from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, compute_bytes
-from labkit.training.layout.layout import Layout
+from labkit.plan.parallelism import Parallelism
 
 
-def memory_bound_bytes(model_config, layout: Layout, lever: Lever,
+def memory_bound_bytes(model_config, layout: Parallelism, lever: Lever,
                        parameter_bytes: float, gradient_bytes: float = 0.0) -> float:
     """Bytes the step's bandwidth-bound ops move on one rank: embedding lookups, the other
     non-matmul ops (counted in fp32: a bf16 step moves about half), attention's, and the

@@ -7,29 +7,27 @@ import warnings
 
 from labkit.runtime.memory.oom import DeviceOOM
 from labkit.training.checkpoint.lock import lock_checkpoints
-from labkit.training.checkpoint.rules import check_checkpointing
+from labkit.training.checkpoint.rules import check_checkpointing, resolved
 from labkit.training.config import TrainConfig
 from labkit.training.estimate import estimate_memory
 from labkit.training.fit import ADVICE, model_state_note
-from labkit.training.layout.presets import layout_for
-from labkit.training.layout.rules import check_debug_env, check_run
 from labkit.training.loop import train_on_rank
 from labkit.training.report import TrainReport
+from labkit.training.run import Run, resolve
 
 _UNSET = object()
 
 
 def checked(cluster, config: TrainConfig | None = None, world_size: int | None = None,
-            **fields) -> TrainConfig:
-    """``config`` with ``fields`` replaced, checked for ``world_size`` ranks of ``cluster``
-    (default: its current size) before any process starts."""
+            **fields) -> Run:
+    """The run of ``config`` with ``fields`` replaced on ``world_size`` ranks of ``cluster``
+    (default: its current size), resolved and checked before any process starts
+    (``labkit/training/run.py``)."""
     config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     n = cluster.world_size if world_size is None else world_size
-    layout = layout_for(config, n)
-    check_run(config, layout, n, cluster.device, cluster.backend)
     # the ranks inherit this process's environment (forked, or spawned with it)
-    check_debug_env(layout, cluster.backend, os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
-    return config
+    return resolve(resolved(config), n, cluster.device, cluster.backend,
+                   debug=os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
 
 
 def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSET,
@@ -39,31 +37,30 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
         report = labkit.train(cluster, model="mlp", strategy="ddp", global_batch=256, steps=10)
         report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
-    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout, global_batch,
+    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout and its engine
+    choices schedule, dp_kind, tables, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
     grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With
     ``checkpoint_dir`` the run saves sharded checkpoints there and, when it holds one of this
     run, resumes from the newest good one (the report's records then cover every step; those
     done before are marked ``from_checkpoint``).
-    ``memory_per_device`` overrides the cluster's capacity for this run. The layout is
-    checked against the cluster and the model before any rank runs. Raises ``DeviceOOM``
+    ``memory_per_device`` overrides the cluster's capacity for this run. The run is resolved
+    and checked against the cluster and the model once, before any rank runs; the ranks, the
+    estimate and the report read that resolved run. Raises ``DeviceOOM``
     when a rank runs out of memory; when the model state alone was more than the capacity
     (worked out before the run), the error also says so, and what would fit. ``estimate``:
     trace the peak per rank beside the measurement (``labkit.estimate_memory``).
     """
-    config = checked(cluster, config, **fields)
-    if config.checkpoint_dir is not None:  # the ranks' working folder is the one at start-up
-        config = config.replace(
-            checkpoint_dir=os.path.abspath(os.path.expanduser(config.checkpoint_dir)))
-    check_checkpointing(config, layout_for(config, cluster.world_size))  # may warn or raise
+    run = checked(cluster, config, **fields)
+    check_checkpointing(run)  # may warn or raise
     saved, override = cluster.memory_per_device, memory_per_device is not _UNSET
     if override:
         cluster.memory_per_device = memory_per_device
-    note = model_state_note(config, cluster.world_size, cluster.memory_per_device)
+    note = model_state_note(run, cluster.memory_per_device)
     lock = None
     try:
-        lock = lock_checkpoints(config.checkpoint_dir)  # refused if another run holds it
-        ranks = cluster.run(train_on_rank, config.to_dict(), timeout=timeout)
+        lock = lock_checkpoints(run.config.checkpoint_dir)  # refused if another run holds it
+        ranks = cluster.run(train_on_rank, run.to_dict(), timeout=timeout)
     except DeviceOOM as oom:
         if note:
             oom.explain(note, ADVICE)
@@ -73,17 +70,16 @@ def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSE
             cluster.memory_per_device = saved
         if lock is not None:
             lock.release()
-    est = _estimate(config, cluster.world_size) if estimate else None
-    report = TrainReport(config, cluster.world_size, cluster.device, cluster.backend,
-                         ranks.oversubscribed, list(ranks), est)
+    est = _estimate(run) if estimate else None
+    report = TrainReport(run, ranks.oversubscribed, list(ranks), est)
     report.extra["shared_gpus"] = ranks.shared_gpus  # several ranks on one GPU: say so
     return report
 
 
-def _estimate(config: TrainConfig, world_size: int) -> dict | None:
+def _estimate(run: Run) -> dict | None:
     """The traced estimate, or None with a warning: a run that worked is never lost to it."""
     try:
-        return estimate_memory(config, world_size).to_dict()
+        return estimate_memory(run).to_dict()
     except Exception as exc:  # noqa: BLE001 - any tracer failure; the run's results stand
         warnings.warn(f"the run finished but its memory estimate failed ({type(exc).__name__}: "
                       f"{exc}); the report has no estimate", RuntimeWarning, stacklevel=3)

@@ -1,4 +1,5 @@
-"""What to train and how: one typed config, checked before any process starts."""
+"""What to train and how: one typed config whose fields check their own type and range
+(``labkit/training/run.py`` resolves and checks it as a whole)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 
 from labkit.models import MLPConfig, ModelConfig, config_for, fields
 from labkit.parallel.context.engine import ENGINES as CP_ENGINES
+from labkit.training.engines import check_choice, describe
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.presets import STRATEGIES
 
@@ -28,6 +30,10 @@ class TrainConfig:
             "row_wise_dtensor").
         layout: a ``labkit.Layout`` instead of a strategy name (parallelisms composed:
             ``Layout(fsdp=2, tp=2)``); its degrees must multiply to the rank count.
+        schedule, dp_kind, tables: the engine choices beside the layout's degrees (the
+            pipeline schedule, the data-parallel engine, the DLRM's tables placed over fsdp:
+            ``labkit/training/engines.py``); None for the default (a strategy name sets its
+            own).
         global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
         steps: optimizer steps; the first also builds lazy state and is left out of timings.
         precision: "fp32"; "bf16" (weights, gradients, optimizer state and compute in
@@ -65,6 +71,9 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=MLPConfig)
     strategy: str = "single"
     layout: Layout | None = None
+    schedule: str | None = None
+    dp_kind: str | None = None
+    tables: str | None = None
     global_batch: int = 64
     steps: int = 5
     lr: float = 1e-3
@@ -88,20 +97,23 @@ class TrainConfig:
         _check_fields(self)
         if self.layout is not None and not isinstance(self.layout, Layout):
             raise ValueError(f"layout is a labkit.Layout, not {self.layout!r}")
-        if self.layout is not None and self.strategy != "single":
-            raise ValueError(f"give a strategy name or a layout, not both (strategy="
-                             f"{self.strategy!r}, layout={self.layout})")
 
     @property
     def label(self) -> str:
-        """The strategy's name, or the layout's (for titles and progress bars)."""
-        return str(self.layout) if self.layout is not None else self.strategy
+        """The strategy's name, or the layout's with its engine choices (for titles and
+        progress bars): ``"pp2 x dp2 (gpipe)"``."""
+        if self.layout is None:
+            return self.strategy
+        return describe(self.layout, self.schedule, self.dp_kind, self.tables)
 
     def replace(self, **changes) -> TrainConfig:
-        """A copy with ``changes``; a new strategy replaces the layout and the other way
-        round (``replace(strategy="ddp")`` on a config with a layout trains DDP)."""
+        """A copy with ``changes``; a new strategy replaces the layout and its engine
+        choices, and the other way round (``replace(strategy="ddp")`` on a config with a
+        layout trains DDP)."""
         if "strategy" in changes and "layout" not in changes:
             changes["layout"] = None
+            for name in ("schedule", "dp_kind", "tables"):
+                changes.setdefault(name, None)
         if "layout" in changes and "strategy" not in changes:
             changes["strategy"] = "single"
         return dataclasses.replace(self, **changes)
@@ -125,6 +137,8 @@ def _check_fields(config: TrainConfig) -> None:
     if not isinstance(config.model, ModelConfig):
         raise TypeError(f"TrainConfig.model must be a zoo config or name, got {config.model!r}")
     fields.one_of(config, "strategy", STRATEGIES)
+    for name in ("schedule", "dp_kind", "tables"):
+        check_choice("TrainConfig", name, getattr(config, name))
     fields.whole(config, "global_batch", "steps", "micro_batches")
     fields.whole(config, "seed", minimum=0)
     fields.positive(config, "lr", allow_zero=True)  # as torch's optimizers: lr=0 is allowed
@@ -146,15 +160,6 @@ def _check_checkpoint_fields(config: TrainConfig) -> None:
         object.__setattr__(config, "checkpoint_dir", os.fspath(config.checkpoint_dir))
     if config.checkpoint_every is not None:
         fields.whole(config, "checkpoint_every")
-        if config.checkpoint_dir is None:
-            raise ValueError(f"checkpoint_every={config.checkpoint_every} needs a "
-                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
     if config.checkpoint_keep is not None:
         fields.whole(config, "checkpoint_keep")
-        if config.checkpoint_dir is None:
-            raise ValueError(f"checkpoint_keep={config.checkpoint_keep} needs a "
-                             f"checkpoint_dir to save into: give TrainConfig.checkpoint_dir")
     fields.flag(config, "checkpoint_async")
-    if config.checkpoint_async and config.checkpoint_dir is None:
-        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
-                         "TrainConfig.checkpoint_dir")

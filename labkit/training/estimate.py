@@ -22,6 +22,7 @@ The ZeRO paper's analytic count is ``labkit.runtime.costs.model_state_bytes``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from labkit.models import example_batch, loss_fn
 from labkit.parallel.context.apply import shard_batch
+from labkit.parallel.data.ddp import bucket_bytes
 from labkit.parallel.pipeline.trace import PipelineTrace
 from labkit.runtime.comm.clock import HostClock
 from labkit.runtime.costs import model_state_bytes
@@ -41,9 +43,9 @@ from labkit.runtime.memory.tracker import MemoryTracker, relabel_live
 from labkit.runtime.memory.units import format_bytes
 from labkit.runtime.meshes import forget_meshes
 from labkit.training.build import ParallelContext, build
+from labkit.training.build.build import plain_ddp
 from labkit.training.layout.mesh import build_mesh
-from labkit.training.layout.presets import layout_for
-from labkit.training.layout.rules import check_run
+from labkit.training.run import Run, resolve
 from labkit.training.step.spmd import micro_steps, run_step, step_precision
 
 __all__ = ["MemoryEstimate", "estimate_memory", "model_state_bytes"]
@@ -104,16 +106,18 @@ def _fake_group(world_size: int, rank: int):
         sys.excepthook = excepthook
 
 
-def _traced_ranks(layout) -> list[int]:
+def _traced_ranks(run: Run) -> list[int]:
     """Ranks whose memory may differ: one per pipeline stage, one per rank of a group that
     shares embedding tables; the others hold what one of these holds."""
+    layout = run.layout
     stages = range(layout.pp)
-    shards = range(layout.fsdp) if layout.tables is not None else [0]
+    shards = range(layout.fsdp) if run.engines.tables is not None else [0]
     return sorted({layout.rank_at(pp=p, fsdp=f) for p in stages for f in shards})
 
 
-def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
+def _steps(built, ctx: ParallelContext, batch_size: int, tracker) -> None:
     """The training steps on fake tensors; the peak of the last ones."""
+    config, layout = ctx.config, ctx.layout
     steps = 2  # the second step holds the optimizer state the first one made
     if any(isinstance(p, DTensor) for part in built.parts for p in part.parameters()):
         # The first DTensor op of each kind fills DTensor's sharding-propagation cache by
@@ -123,14 +127,14 @@ def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
         steps += 1
     pipeline = None
     if built.pipeline is not None:
-        pipeline = PipelineTrace(built, config, layout, run.coordinate("pp"),
-                                 [run.coordinate("pp") + v * layout.pp
-                                  for v in range(layout.stages_per_rank)])
+        pipeline = PipelineTrace(built, ctx.run, ctx.coordinate("pp"),
+                                 [ctx.coordinate("pp") + v * layout.pp
+                                  for v in range(ctx.engines.stages_per_rank)])
     for step in range(steps):
         if step == steps - 2:
             tracker.reset_peak()
         batch = example_batch(config.model, batch_size)
-        batch = shard_batch(batch, run.coordinate("cp"), layout.cp)
+        batch = shard_batch(batch, ctx.coordinate("cp"), layout.cp)
         if pipeline is not None:
             pipeline.step(batch, built.optimizer, built.sync_gradients)
         else:
@@ -139,32 +143,50 @@ def _steps(config, layout, built, run, batch_size: int, tracker) -> None:
                      micro_batches=micro_steps(config), no_sync=built.no_sync)
 
 
-def _trace(config, layout, world_size: int, rank: int) -> dict:
-    """Peak of the training steps of ``config`` on rank ``rank``, on fake tensors."""
-    batch_size = config.global_batch // layout.data_size
-    with _fake_group(world_size, rank):
-        mesh = build_mesh(layout, "cpu")  # its groups go with the fake group
+def _untraced_bytes(built, run: Run) -> int:
+    """Memory kept outside the traced step: DDP's gradient buckets (DDP does not run on fake
+    tensors, so the build leaves the replica unwrapped here; DDP allocates its buckets even
+    on one rank)."""
+    return sum(bucket_bytes(p) for p in built.parts) if plain_ddp(run) else 0
+
+
+def _trace(run: Run, rank: int) -> dict:
+    """Peak of the training steps of ``run`` on rank ``rank``, on fake tensors."""
+    batch_size = run.config.global_batch // run.layout.data_size
+    with _fake_group(run.world_size, rank):
+        mesh = build_mesh(run.layout, "cpu")  # its groups go with the fake group
         # Real inputs allowed: the model is built on the meta device before fake tensors.
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         with fake, MemoryTracker(count_fake=True) as tracker:
-            run = ParallelContext(rank, world_size, torch.device("cpu"), tracker, layout, mesh,
+            ctx = ParallelContext(rank, run.world_size, torch.device("cpu"), tracker, run, mesh,
                                   HostClock())
-            built = build(run, config)
+            built = build(ctx)
             tracker.track_external(*built.modules, built.optimizer)
             relabel_live(tracker)
-            _steps(config, layout, built, run, batch_size, tracker)
+            _steps(built, ctx, batch_size, tracker)
             report = tracker.report()
-    report["untraced_bytes"] = built.untraced_bytes
+    report["untraced_bytes"] = _untraced_bytes(built, run)
     return report
 
 
+def _traced_run(run: Run) -> Run:
+    """The run as the estimator traces it: CPU ranks of a fake group, whose context
+    parallelism is labkit's ring (PyTorch's engine does not run there)."""
+    engines = run.engines
+    if engines.cp_engine is not None:
+        engines = dataclasses.replace(engines, cp_engine="ring")
+    return run.replace(engines=engines, device_type="cpu", backend="fake")
+
+
 def estimate_memory(config, world_size: int = 1) -> MemoryEstimate:
-    """Estimated peak bytes per rank for training ``config`` (a ``TrainConfig``) on
-    ``world_size`` ranks, with its layout (or its strategy's preset). Nothing is allocated
-    and no rank starts; any model size works."""
-    layout = layout_for(config, world_size)
-    check_run(config, layout, world_size)
-    traces = {rank: _trace(config, layout, world_size, rank) for rank in _traced_ranks(layout)}
+    """Estimated peak bytes per rank for training ``config`` on ``world_size`` ranks: a
+    ``TrainConfig`` (resolved here, with its layout or its strategy's preset) or a resolved
+    ``Run`` (``labkit.train`` passes its own; ``world_size`` is then the run's). Nothing is
+    allocated and no rank starts; any model size works."""
+    run = config if isinstance(config, Run) else resolve(config, world_size)
+    config, world_size, layout = run.config, run.world_size, run.layout
+    traced_run = _traced_run(run)
+    traces = {rank: _trace(traced_run, rank) for rank in _traced_ranks(run)}
     totals = {rank: t["peak_bytes"] + t["untraced_bytes"] for rank, t in traces.items()}
     worst = max(totals, key=totals.get)
     traced = traces[worst]

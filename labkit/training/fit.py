@@ -15,31 +15,32 @@ import math
 from labkit.models import count_parameters
 from labkit.runtime.memory.oom import MODEL_STATE
 from labkit.runtime.memory.units import format_bytes
-from labkit.training.layout.presets import layout_for
 
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0}  # tensors kept per weight
 
 
-def _split(layout) -> tuple[tuple[str, ...], int] | None:
-    """Which model-state parts a layout splits evenly over its ranks, and over how many;
-    None where the split is uneven (tensor parallelism keeps norms and embeddings whole,
-    pipelines split by stage, tables by a planner: the tracker speaks for those)."""
-    if layout.tp > 1 or layout.pipelined or layout.tables is not None:
+def _split(run) -> tuple[tuple[str, ...], int] | None:
+    """Which model-state parts a run's layout splits evenly over its ranks, and over how
+    many; None where the split is uneven (tensor parallelism keeps norms and embeddings
+    whole, pipelines split by stage, tables by a planner: the tracker speaks for those)."""
+    layout, engine = run.layout, run.engines.data_engine
+    if layout.tp > 1 or run.engines.pipelined or engine == "tables":
         return None
-    if layout.data_engine == "fsdp":
+    if engine == "fsdp":
         return MODEL_STATE, layout.fsdp
-    if layout.data_engine == "zero1":
+    if engine == "zero1":
         return ("optimizer",), layout.dp
     return (), 1
 
 
-def model_state_floor(config, world_size: int) -> dict[str, int] | None:
-    """Least bytes of each model-state part one rank holds at the optimizer step (None for
-    layouts whose split this does not know)."""
-    split = _split(layout_for(config, world_size))
-    if split is None:
-        return None
-    split, ways = split
+def model_state_floor(run) -> dict[str, int] | None:
+    """Least bytes of each model-state part one rank of ``run`` (a resolved Run) holds at
+    the optimizer step (None for layouts whose split this does not know)."""
+    split = _split(run)
+    return None if split is None else _floor(run.config, *split)
+
+
+def _floor(config, split: tuple[str, ...], ways: int) -> dict[str, int]:
     n = count_parameters(config.model)
     width = 2 if config.precision == "bf16" else 4  # bytes per value; "mixed" keeps fp32
     per_weight = {"parameters": width, "gradients": width,
@@ -48,12 +49,13 @@ def model_state_floor(config, world_size: int) -> dict[str, int] | None:
             for part, size in per_weight.items()}
 
 
-def _what_fits(config, world_size: int, capacity: int, floor: dict[str, int]) -> str:
+def _what_fits(run, capacity: int, floor: dict[str, int]) -> str:
+    config, world_size = run.config, run.world_size
     n = count_parameters(config.model)
     per_weight = sum(floor.values()) / n
     ways = []
-    whole = sum(model_state_floor(config.replace(strategy="single"), 1).values())
-    if layout_for(config, world_size).data_engine != "fsdp":
+    whole = sum(_floor(config, (), 1).values())  # one device holds all of it
+    if run.engines.data_engine != "fsdp":
         ranks = math.ceil(whole / capacity)
         ways.append(f"'fsdp' splits all of it: {format_bytes(whole / world_size)} per device "
                     f"on {world_size} rank(s)" if ranks <= world_size else
@@ -76,12 +78,13 @@ ADVICE = ("the model state must shrink or be split, not the batch: it needs more
           "capacity whatever the batch size (worked out before the run, below)")
 
 
-def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str | None:
+def model_state_note(run, capacity_bytes: int | None) -> str | None:
     """What to tell a learner whose model state alone passes ``capacity_bytes`` (None when
     it fits, or for strategies this does not know). Goes with ``ADVICE``."""
     if capacity_bytes is None:
         return None
-    floor = model_state_floor(config, world_size)
+    config, world_size = run.config, run.world_size
+    floor = model_state_floor(run)
     if floor is None or sum(floor.values()) <= capacity_bytes:
         return None
     parts = ", ".join(f"{part} {format_bytes(floor[part])}" for part in MODEL_STATE)
@@ -89,4 +92,4 @@ def model_state_note(config, world_size: int, capacity_bytes: int | None) -> str
             f"{format_bytes(sum(floor.values()))} per device with '{config.label}' on "
             f"{world_size} rank(s) ({parts}), more than the "
             f"{format_bytes(capacity_bytes)} capacity, whatever the batch size. "
-            + _what_fits(config, world_size, capacity_bytes, floor))
+            + _what_fits(run, capacity_bytes, floor))

@@ -1,7 +1,8 @@
 """The training loop every layout shares, run on each rank (``fn`` of ``cluster.run``).
 
-Per run: the layout's mesh, this rank's model built in the fixed order (``labkit/training/build``),
-observers for what the layout measures besides the step. Per step: this rank's slice of the
+Per run (resolved before any rank started: ``labkit/training/run.py``): the layout's mesh,
+this rank's model built in the fixed order (``labkit/training/build``), observers for what
+the layout measures besides the step. Per step: this rank's slice of the
 batch, the step (without a pipeline, ``training/step/spmd.py``; through one,
 ``parallel/pipeline/schedule.py``) under the collective meter, and one ``StepRecord``.
 
@@ -18,7 +19,7 @@ from contextlib import nullcontext
 
 from labkit.models import local_slice, loss_fn, make_batch, to_device
 from labkit.parallel.context.apply import shard_batch
-from labkit.parallel.context.engine import LABELS, engine_on, torch_context_parallel
+from labkit.parallel.context.engine import LABELS, torch_context_parallel
 from labkit.parallel.embedding.observe import TableObserver
 from labkit.parallel.expert.observe import ExpertObserver
 from labkit.parallel.pipeline.schedule import pipeline_step
@@ -28,8 +29,7 @@ from labkit.runtime.memory.capacity import on_host
 from labkit.runtime.memory.tracker import relabel_live
 from labkit.training.build import ParallelContext, build, full_weights, parallel_context
 from labkit.training.checkpoint.session import Checkpointer
-from labkit.training.config import TrainConfig
-from labkit.training.layout.presets import layout_for
+from labkit.training.run import Run
 from labkit.training.runqueue import RunQueueObserver
 from labkit.training.step.record import StepRecord
 from labkit.training.step.spmd import micro_steps, run_step, step_precision
@@ -75,7 +75,7 @@ def _record(built, timing: dict, meter: CommMeter, tracked: bool) -> StepRecord:
 
 def _one_step(run: ParallelContext, config, built, observers, step: int,
               tracked: bool) -> StepRecord:
-    torch_cp = run.layout.cp > 1 and engine_on(config.cp_engine, run.device.type) == "torch"
+    torch_cp = run.engines.cp_engine == "torch"
     with on_host():  # making data is the host's job; the device holds its own copy
         batch = make_batch(config.model, step, config.global_batch, config.seed)
         batch = local_slice(batch, run.data_rank, run.layout.data_size)
@@ -83,9 +83,8 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
             batch = shard_batch(batch, run.coordinate("cp"), run.layout.cp)
     batch = to_device(batch, run.device, copy=True)
 
-    def sync_gradients() -> None:
-        if built.sync_gradients is not None:
-            built.sync_gradients()
+    def sync_gradients() -> None:  # the build's steps, then what the observers look at
+        built.sync_gradients()
         for observer in observers:
             observer.after_backward(run, built)
 
@@ -121,25 +120,26 @@ def _steps(run, config, built, observers, steps: range, tracked: bool, records: 
             saver.save(step + 1, records)
 
 
-def _observers(layout) -> list:
-    observers = [TableObserver()] if layout.tables is not None else []
+def _observers(resolved: Run) -> list:
+    observers = [TableObserver()] if resolved.engines.tables is not None else []
+    if resolved.config.model.name == "moe_gpt":  # expert load and dropped tokens, per step
+        observers.append(ExpertObserver())
     return observers + [RunQueueObserver()]  # the load each step ran under (plan/checkrun)
 
 
-def train_on_rank(ctx, config_dict: dict) -> dict:
-    """Train ``config`` on this rank; return its records, memory and (if asked) weights."""
-    config = TrainConfig.from_dict(config_dict)
-    layout = layout_for(config, ctx.world_size)
+def train_on_rank(ctx, run_dict: dict) -> dict:
+    """Train the run ``run_dict`` describes (``Run.to_dict``: resolved and checked before any
+    rank started) on this rank; return its records, memory and (if asked) weights."""
+    resolved = Run.from_dict(run_dict)
+    config = resolved.config
     gc.collect()  # what earlier runs left in reference cycles would still hold device memory
-    run = parallel_context(ctx, layout)
-    observers = _observers(layout)
-    if config.model.name == "moe_gpt":  # expert load and dropped tokens, per step
-        observers.append(ExpertObserver())
+    run = parallel_context(ctx, resolved)
+    observers = _observers(resolved)
     always_tracked = ctx.memory.capacity_bytes is not None  # a cap tracks the whole job
     with ctx.memory as tracker:
         tracker.reset_peak()
         with tracker.label_as("parameters"):  # a cap too small for the weights says so
-            built = build(run, config)
+            built = build(run)
         relabel_live(tracker, "parameters")  # the real weights are filed again just below
         saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
         start, records = saver.resume() if saver else (0, [])  # (steps done, their records)
@@ -158,8 +158,8 @@ def train_on_rank(ctx, config_dict: dict) -> dict:
     out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
     if saver is not None:
         out["resumed_at"], out["resumed_from"] = start, saver.resumed_from
-    if layout.cp > 1:  # which engine ran the cp attention (the report's extra["cp_engine"])
-        out["cp_engine"] = LABELS[engine_on(config.cp_engine, run.device.type)]
+    if run.engines.cp_engine is not None:  # which engine ran cp (the report's extra)
+        out["cp_engine"] = LABELS[run.engines.cp_engine]
     if config.return_weights:
-        out["weights"] = full_weights(built.parts, built.names, config, layout.tp)
+        out["weights"] = full_weights(built.parts, built.names, config, run.layout.tp)
     return out

@@ -12,7 +12,7 @@ from labkit.runtime.memory.oom import CATEGORIES
 from labkit.runtime.memory.units import format_bytes
 from labkit.training.config import TrainConfig
 from labkit.training.layout.layout import Layout
-from labkit.training.layout.presets import layout_for
+from labkit.training.run import Run
 from labkit.training.step.record import StepRecord
 
 
@@ -27,14 +27,12 @@ def timed_steps(ranks: list[dict]) -> list[int]:
 
 @dataclass
 class TrainReport:
-    """A run: its config, where it ran, and every rank's records (``ranks[r]["records"]``:
-    one dict per step, ``StepRecord.to_dict``), memory and, if asked, weights. Summaries
-    below take the slowest rank at each step (it sets the pace)."""
+    """A run: the resolved run (``run``: its config, layout, engines, rank count, device and
+    backend), and every rank's records (``ranks[r]["records"]``: one dict per step,
+    ``StepRecord.to_dict``), memory and, if asked, weights. Summaries below take the slowest
+    rank at each step (it sets the pace)."""
 
-    config: TrainConfig
-    world_size: int
-    device: str
-    backend: str
+    run: Run
     oversubscribed: bool
     ranks: list[dict]
     estimate: dict | None = None
@@ -46,12 +44,29 @@ class TrainReport:
         if self.ranks and "cp_engine" in self.ranks[0]:
             self.extra.setdefault("cp_engine", self.ranks[0]["cp_engine"])
 
-    # ----- summaries (the slowest rank sets the pace of every step) -----------------------
+    # ----- the run ------------------------------------------------------------------------
+    @property
+    def config(self) -> TrainConfig:
+        return self.run.config
+
     @property
     def layout(self) -> Layout:
         """The layout the run trained with (a strategy name's preset, resolved)."""
-        return layout_for(self.config, self.world_size)
+        return self.run.layout
 
+    @property
+    def world_size(self) -> int:
+        return self.run.world_size
+
+    @property
+    def device(self) -> str:
+        return self.run.device_type
+
+    @property
+    def backend(self) -> str:
+        return self.run.backend
+
+    # ----- summaries (the slowest rank sets the pace of every step) -----------------------
     def records(self, rank: int = 0) -> list[StepRecord]:
         """Rank ``rank``'s steps as typed records."""
         return [StepRecord.from_dict(r) for r in self.ranks[rank]["records"]]
@@ -122,15 +137,13 @@ class TrainReport:
     # ----- saving ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         ranks = [{k: v for k, v in r.items() if k != "weights"} for r in self.ranks]
-        return {"config": self.config.to_dict(), "world_size": self.world_size,
-                "device": self.device, "backend": self.backend,
-                "oversubscribed": self.oversubscribed, "ranks": ranks,
+        return {"run": self.run.to_dict(), "oversubscribed": self.oversubscribed, "ranks": ranks,
                 "estimate": self.estimate, "where": self.where, "extra": self.extra}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainReport:
         data = dict(data)
-        data["config"] = TrainConfig.from_dict(data["config"])
+        data["run"] = Run.from_dict(data["run"])
         return cls(**data)
 
     def save(self, path: str | Path) -> Path:

@@ -35,11 +35,12 @@ from labkit.training.checkpoint.lock import lock_checkpoints
 from labkit.training.checkpoint.rules import check_checkpointing
 from labkit.training.checkpoint.store import CheckpointError
 from labkit.training.config import OPTIMIZERS, PRECISIONS, TrainConfig
+from labkit.training.engines import CHOICES
 from labkit.training.estimate import estimate_memory
-from labkit.training.layout import STRATEGIES, Layout, check_run, layout_for
-from labkit.training.layout.rules import check_debug_env
+from labkit.training.layout import STRATEGIES, Layout
 from labkit.training.loop import train_on_rank
 from labkit.training.report import TrainReport
+from labkit.training.run import Run, resolve
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,16 +84,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
 
-def parse_layout(text: str) -> Layout:
-    """``"dp=2,tp=2,schedule=gpipe"`` -> ``Layout(dp=2, tp=2, schedule="gpipe")``."""
+def parse_layout(text: str) -> tuple[Layout, dict[str, str]]:
+    """``"dp=2,tp=2,schedule=gpipe"`` -> ``(Layout(dp=2, tp=2), {"schedule": "gpipe"})``:
+    the degrees, and the engine choices given beside them (TrainConfig fields)."""
     fields = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = (part.strip() for part in item.partition("="))
         if name in fields:
             raise ValueError(f"layout {text!r} gives {name} twice: give each dimension once")
         fields[name] = int(value) if value.isdigit() else value
+    choices = {name: fields.pop(name) for name in CHOICES if name in fields}
     try:
-        return Layout(**fields)
+        return Layout(**fields), choices
     except TypeError as exc:
         raise ValueError(f"cannot read layout {text!r}: write e.g. dp=2,tp=2 ({exc})") from exc
 
@@ -101,8 +104,10 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
     """Each run asked for, with where its report goes."""
     model = sized(args.model, int(args.params)) if args.params else config_for(args.model)
     strategies = [args.strategy] if isinstance(args.strategy, str) else args.strategy
-    parallels = ([{"layout": parse_layout(args.layout)}] if args.layout
-                 else [{"strategy": name} for name in strategies])
+    parallels = [{"strategy": name} for name in strategies]
+    if args.layout:
+        layout, choices = parse_layout(args.layout)
+        parallels = [{"layout": layout, **choices}]
     out = Path(args.out)
     runs = []
     for parallel in parallels:
@@ -182,17 +187,16 @@ def _context(args):
     return functools.partial(_PlantedFailure, kill_at=step)
 
 
-def _train(config: TrainConfig, out: str, ctx: RankContext, estimate) -> None:
+def _train(run: Run, out: str, ctx: RankContext, estimate) -> None:
     """One run on this process's rank; rank 0 writes its report to ``out``."""
-    rank, world_size = ctx.rank, ctx.world_size
-    result = train_on_rank(ctx, config.to_dict())
+    rank, world_size, config = ctx.rank, ctx.world_size, run.config
+    result = train_on_rank(ctx, run.to_dict())
     result["host"] = socket.gethostname()
     gathered = [None] * world_size if rank == 0 else None
     dist.gather_object(result, gathered, dst=0, group=dist.group.WORLD)
     if rank == 0:
         hosts = sorted({r["host"] for r in gathered})
-        report = TrainReport(config, world_size, ctx.device.type, ctx.backend,
-                             ctx.oversubscribed, gathered, estimate,
+        report = TrainReport(run, ctx.oversubscribed, gathered, estimate,
                              where=f"measured under torchrun on {', '.join(hosts)}")
         report.save(out)
         split = report.split()
@@ -228,25 +232,24 @@ def main(args) -> int:
             raise ValueError(f"--kill-rank-at-step {rank} {step}: the rank must be one of 0.."
                              f"{world_size - 1} and the step at least 1")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    for config, _ in runs:
-        layout = layout_for(config, world_size)
-        check_run(config, layout, world_size, device.type, backend)
-        check_debug_env(layout, backend, os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
-        check_checkpointing(config, layout)
+    debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG")
+    runs = [(resolve(config, world_size, device.type, backend, debug), out)
+            for config, out in runs]  # every rank resolves its own copy, before any joins
+    for run, _ in runs:
+        check_checkpointing(run)
     # The estimate traces on a process group of its own: before this process joins one.
     first = int(os.environ.get("RANK", 0)) == 0
-    estimates = [estimate_memory(config, world_size).to_dict() if first else None
-                 for config, _ in runs]
+    estimates = [estimate_memory(run).to_dict() if first else None for run, _ in runs]
     _join(device)
     try:
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         oversubscribed = device.type == "cpu" and local_ranks > physical_cores()
         ctx = _context(args)(dist.get_rank(), world_size, device, backend, dist.group.WORLD,
                              oversubscribed, MemoryTracker(dist.get_rank()))
-        for (config, out), estimate in zip(runs, estimates, strict=True):
-            lock = _lock_on_rank_0(config)
+        for (run, out), estimate in zip(runs, estimates, strict=True):
+            lock = _lock_on_rank_0(run.config)
             try:
-                _train(config, out, ctx, estimate)
+                _train(run, out, ctx, estimate)
             finally:
                 if lock is not None:
                     lock.release()

@@ -19,8 +19,8 @@ import warnings
 from dataclasses import dataclass
 
 from labkit.runtime.cluster import RankError, RanksRestartedWarning, RunTimeout
+from labkit.training.api import checked
 from labkit.training.checkpoint.lock import CheckpointLock
-from labkit.training.checkpoint.rules import resolved
 
 HOWS = ("kill", "raise", "hang")
 
@@ -46,7 +46,7 @@ class Recovery:
         return self.failed_after - self.resumed_at
 
 
-def _fail_on_rank(ctx, config_dict: dict, rank: int, at_step: int, how: str) -> dict:
+def _fail_on_rank(ctx, run_dict: dict, rank: int, at_step: int, how: str) -> dict:
     from labkit.training.loop import train_on_rank
 
     if ctx.rank == rank:
@@ -63,7 +63,7 @@ def _fail_on_rank(ctx, config_dict: dict, rank: int, at_step: int, how: str) -> 
 
         ctx.progress = progress
     try:
-        return train_on_rank(ctx, config_dict)
+        return train_on_rank(ctx, run_dict)
     finally:
         ctx.__dict__.pop("progress", None)
 
@@ -85,11 +85,11 @@ def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
     ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
     timeout when ``how="hang"`` (longer than the steps before the failure take)."""
     check_failure(cluster, config, rank, at_step, how)
-    config = resolved(config)  # "~/ckpt": where labkit.train will look for it
+    run = checked(cluster, config)  # "~/ckpt" made absolute: where labkit.train will look
     timeout = hang_timeout if how == "hang" else None
     try:
-        with CheckpointLock(config.checkpoint_dir):
-            cluster.run(_fail_on_rank, config.to_dict(), rank, at_step, how, timeout=timeout)
+        with CheckpointLock(run.config.checkpoint_dir):
+            cluster.run(_fail_on_rank, run.to_dict(), rank, at_step, how, timeout=timeout)
     except (RankError, RunTimeout) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     raise RuntimeError(f"the planted failure on rank {rank} after {at_step} steps did not "

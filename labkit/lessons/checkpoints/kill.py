@@ -21,14 +21,15 @@ import warnings
 
 from labkit.lessons.checkpoints.failures import Recovery, check_failure
 from labkit.runtime.cluster import RankError, RanksRestartedWarning
+from labkit.training.api import checked
 from labkit.training.checkpoint.lock import CheckpointLock
-from labkit.training.checkpoint.rules import check_checkpointing, resolved
+from labkit.training.checkpoint.rules import check_checkpointing
 
 WAIT_FOR_KILL_S = 60.0  # a rank waiting to be killed gives up (an error) after this long
 _LOSS = re.compile(r"loss (\S+)")
 
 
-def _train_until_killed(ctx, config_dict: dict, rank: int, at_step: int, pace_s: float) -> dict:
+def _train_until_killed(ctx, run_dict: dict, rank: int, at_step: int, pace_s: float) -> dict:
     """On every rank: train, each step reported at once (no throttling) so the notebook sees
     it; rank ``rank`` waits after ``at_step`` steps until the notebook kills it."""
     from labkit.training.loop import train_on_rank
@@ -47,7 +48,7 @@ def _train_until_killed(ctx, config_dict: dict, rank: int, at_step: int, pace_s:
 
     ctx.progress = progress
     try:
-        return train_on_rank(ctx, config_dict)
+        return train_on_rank(ctx, run_dict)
     finally:
         ctx.__dict__.pop("progress", None)
 
@@ -58,9 +59,9 @@ class KillSwitch:
     def __init__(self, cluster, config, reference=None, rank: int = 1, at_step: int = 1,
                  pace_s: float = 0.0):
         check_failure(cluster, config, rank, at_step, "kill")
-        config = resolved(config)  # "~/ckpt": where the recovery's labkit.train looks
-        _check_not_resumed_past(cluster, config, at_step)
-        self.cluster, self.config, self.reference = cluster, config, reference
+        self.run = checked(cluster, config)  # "~/ckpt" absolute: where the recovery looks
+        _check_not_resumed_past(self.run, at_step)
+        self.cluster, self.config, self.reference = cluster, self.run.config, reference
         self.rank, self.at_step, self.pace_s = rank, at_step, pace_s
         self.steps_seen: dict[int, int] = {}  # rank -> steps it reported done
         self.losses: dict[int, float] = {}  # step -> loss, as rank 0 reported it
@@ -123,7 +124,7 @@ class KillSwitch:
             with self.cluster.listening(self._on_progress):
                 try:
                     self._live = True
-                    self.cluster.run(_train_until_killed, self.config.to_dict(), self.rank,
+                    self.cluster.run(_train_until_killed, self.run.to_dict(), self.rank,
                                      self.at_step, self.pace_s)
                     raise RuntimeError("the run finished: no rank was killed")
                 except RankError as exc:
@@ -224,12 +225,11 @@ class KillSwitch:
         return None
 
 
-def _check_not_resumed_past(cluster, config, at_step: int) -> None:
+def _check_not_resumed_past(run, at_step: int) -> None:
     """Before anything runs: a folder that already holds this run's checkpoint of step
     ``at_step`` or later resumes past the kill, and no rank would die."""
-    from labkit.training.layout.presets import layout_for
-
-    found = check_checkpointing(config, layout_for(config, cluster.world_size))
+    config = run.config
+    found = check_checkpointing(run)
     if found is not None and found.step >= at_step:
         raise ValueError(f"checkpoint_dir {str(config.checkpoint_dir)!r} already holds this "
                          f"run's checkpoint after {found.step} steps: the run would resume "

@@ -17,7 +17,7 @@ def plot_gantt(report, step: int = -1, ax=None) -> Figure:
     layout = report.layout
     ranks = [layout.rank_at(pp=s) for s in range(layout.pp)]
     timelines = [report.ranks[r]["records"][step]["timeline"] for r in ranks]
-    virtual = layout.stages_per_rank
+    virtual = report.run.engines.stages_per_rank
     if ax is None:
         ax = Figure(figsize=(9, 0.7 * len(timelines) + 1.6), layout="constrained").subplots()
     t0 = min(e["start"] for timeline in timelines for e in timeline)

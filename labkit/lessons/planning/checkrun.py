@@ -30,23 +30,24 @@ from dataclasses import dataclass, field
 
 from labkit.models import GPTConfig, MLPConfig
 from labkit.plan.calibrate import Calibration, calibrate
+from labkit.plan.parallelism import Parallelism, parallelism
 from labkit.plan.project import project
-from labkit.training.layout.layout import Layout
 from labkit.training.report import timed_steps
 
 # Classroom-sized runs of every engine: (name, model, layout, global batch, micro-batches)
 _GPT = GPTConfig(vocab_size=256, seq_len=64, d_model=128, n_heads=4, n_layers=4)
 _MLP = MLPConfig(d_in=256, d_hidden=1024, n_layers=4, d_out=16)
+P = Parallelism.of
 RUNS = {
-    1: [("single gpt", _GPT, Layout(), 16, 1), ("single mlp", _MLP, Layout(), 256, 1)],
-    2: [("ddp gpt", _GPT, Layout(dp=2, dp_kind="ddp"), 16, 1),
-        ("fsdp gpt", _GPT, Layout(fsdp=2), 16, 1),
-        ("tp gpt", _GPT, Layout(tp=2), 16, 1),
-        ("1f1b gpt", _GPT, Layout(pp=2, schedule="1f1b"), 16, 4),
-        ("ddp mlp", _MLP, Layout(dp=2, dp_kind="ddp"), 256, 1)],
-    4: [("ddp gpt", _GPT, Layout(dp=4, dp_kind="ddp"), 16, 1),
-        ("fsdp x tp gpt", _GPT, Layout(fsdp=2, tp=2), 16, 1),
-        ("dp x pp gpt", _GPT, Layout(dp=2, pp=2, schedule="gpipe"), 16, 2)],
+    1: [("single gpt", _GPT, P(), 16, 1), ("single mlp", _MLP, P(), 256, 1)],
+    2: [("ddp gpt", _GPT, P(dp=2, dp_kind="ddp"), 16, 1),
+        ("fsdp gpt", _GPT, P(fsdp=2), 16, 1),
+        ("tp gpt", _GPT, P(tp=2), 16, 1),
+        ("1f1b gpt", _GPT, P(pp=2, schedule="1f1b"), 16, 4),
+        ("ddp mlp", _MLP, P(dp=2, dp_kind="ddp"), 256, 1)],
+    4: [("ddp gpt", _GPT, P(dp=4, dp_kind="ddp"), 16, 1),
+        ("fsdp x tp gpt", _GPT, P(fsdp=2, tp=2), 16, 1),
+        ("dp x pp gpt", _GPT, P(dp=2, pp=2, schedule="gpipe"), 16, 2)],
 }
 
 
@@ -81,10 +82,12 @@ def compare(cluster, runs=None, steps: int = 6, quick: bool = False,
             calibrations[n] = calib
             here = calib.cluster()
             for name, model, layout, batch, micro in cells:
+                layout = parallelism(layout)
                 predicted = project(model, layout, here, global_batch=batch,
                                     micro_batches=micro, precision="fp32")
-                report = labkit.train(cluster, model=model, layout=layout, global_batch=batch,
-                                      micro_batches=micro, steps=steps, estimate=False)
+                report = labkit.train(cluster, model=model, **layout.config_fields(),
+                                      global_batch=batch, micro_batches=micro, steps=steps,
+                                      estimate=False)
                 stretches = step_stretches(report)
                 rules = {r: load_factor(stretches, calib.core_share, r) for r in RULES}
                 per_rank = [_stretch([s[r] for s in stretches]) for r in range(report.world_size)]

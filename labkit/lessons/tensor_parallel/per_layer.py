@@ -28,7 +28,7 @@ from labkit.runtime.comm.meter import CommMeter
 from labkit.runtime.memory.capacity import on_host
 from labkit.training.build import build, parallel_context
 from labkit.training.config import TrainConfig
-from labkit.training.layout.presets import preset
+from labkit.training.run import Run, resolve
 
 OUTSIDE = "(between split layers)"
 
@@ -71,10 +71,10 @@ def _hook_layers(model: torch.nn.Module, names: list[str], meter: _LayerMeter) -
     return handles
 
 
-def _layer_comm_on_rank(ctx, config_dict: dict) -> list[dict]:
-    config = TrainConfig.from_dict(config_dict)
-    run = parallel_context(ctx, preset("tp", ctx.world_size))
-    model = build(run, config).model
+def _layer_comm_on_rank(ctx, run_dict: dict) -> list[dict]:
+    run = parallel_context(ctx, Run.from_dict(run_dict))
+    config = run.config
+    model = build(run).model
     with on_host():
         inputs, targets = make_batch(config.model, 0, config.global_batch, config.seed)
     inputs, targets = to_device((inputs, targets), ctx.device)
@@ -146,5 +146,6 @@ def comm_per_layer(cluster, config: TrainConfig | None = None, **fields) -> Laye
     rank of ``cluster``. ``fields`` are TrainConfig's (model, global_batch, seed...)."""
     config = (config or TrainConfig()).replace(strategy="tp", **fields)
     check_tp_degree(config.model, cluster.world_size)
-    ranks = cluster.run(_layer_comm_on_rank, config.to_dict())
+    run = resolve(config, cluster.world_size, cluster.device, cluster.backend)
+    ranks = cluster.run(_layer_comm_on_rank, run.to_dict())
     return LayerComm(cluster.world_size, config.global_batch, _grouped(ranks[0]))

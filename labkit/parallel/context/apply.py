@@ -1,5 +1,5 @@
 """Context parallelism applied to a model (the model's plan names its attention and its
-position embedding), and the gradient average it needs.
+position embedding), and the batch it trains on.
 
 What changes on a rank of a cp group of N:
 * its batch holds 2 of the 2N chunks of every sequence (``sharding.py``; the training loop
@@ -8,7 +8,8 @@ What changes on a rank of a cp group of N:
 * attention is ring attention over the cp group (``ring.py``);
 * the loss is the mean over this rank's tokens, so the gradient of the whole batch's mean is
   the mean of the cp ranks' gradients: one AllReduce per parameter after backward, over cp
-  (as data parallelism averages over dp; the two compose, each over its own group).
+  (as data parallelism averages over dp; the two compose, each over its own group: the
+  build's gradient sync lists one step for each, ``labkit/training/build/sync.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from torch import nn
 
 from labkit.parallel.context.ring import ring_attention
 from labkit.parallel.context.sharding import positions, shard_sequence
-from labkit.parallel.data.naive import average_gradients
 
 
 def ring_attention_for(group):
@@ -55,16 +55,3 @@ def apply_cp(plan, model: nn.Module, group, rank: int, degree: int,
 def shard_batch(batch, rank: int, cp: int):
     """This cp rank's tokens of a (inputs, targets) batch of (batch, seq) tensors."""
     return batch if cp == 1 else shard_sequence(batch, rank, cp, dim=1)
-
-
-def average_over_cp(parts: list[nn.Module], group, then=None):
-    """The gradient sync of a cp run: ``then`` (the data-parallel engine's own hand-written
-    sync, if any), then every gradient averaged over the cp group."""
-
-    def sync() -> None:
-        if then is not None:
-            then()
-        for part in parts:
-            average_gradients(part, group)
-
-    return sync

@@ -22,7 +22,9 @@ CPU_REFUSAL = "aten._scaled_dot_product_flash_attention_for_cpu.default has no s
 
 
 def resolve_engine(choice: str, device_type: str) -> str:
-    """"ring" or "torch" for ``choice`` ("auto", "ring", "torch") on ``device_type`` ranks."""
+    """"ring" or "torch" for ``choice`` ("auto", "ring", "torch") on ``device_type`` ranks:
+    decided once, before any rank starts (``labkit/training/run.py``); the ranks read the
+    answer from their run's engines."""
     if choice not in ENGINES:
         raise ValueError(f"cp_engine must be one of {ENGINES}, got {choice!r}")
     if choice == "auto":
@@ -32,12 +34,6 @@ def resolve_engine(choice: str, device_type: str) -> str:
                          f"{_torch_version()}'s context_parallel fails ({CPU_REFUSAL}); use "
                          "cp_engine='ring' or 'auto' (the ring runs there)")
     return choice
-
-
-def engine_on(choice: str, device_type: str) -> str:
-    """The engine a rank runs: ``choice`` was checked before any rank started, so a CPU rank
-    (the estimator's fake ranks included: it traces the ring) runs the ring."""
-    return "torch" if device_type == "cuda" and choice != "ring" else "ring"
 
 
 def _torch_version() -> str:

@@ -4,12 +4,12 @@ Recommendation models are mostly embedding tables: much memory, little compute. 
 split them over a group of ranks (a layout's fsdp dimension), both trained by the shared loop
 and equal to one device:
 
-* table-wise (``strategy="table_wise"``, or ``Layout(fsdp=N, tables="table_wise")``): whole
+* table-wise (``strategy="table_wise"``, or ``layout=Layout(fsdp=N), tables="table_wise"``): whole
   tables placed on ranks by a planner (``placement.py``), rows exchanged with an all-to-all
   (``comm.py``);
 * row-wise (``strategy="row_wise"``): every table's rows split over the group's ranks.
 
-With ``Layout(dp=2, fsdp=2, tables=...)`` the tables are sharded inside each group of two and
+With ``layout=Layout(dp=2, fsdp=2), tables=...`` the tables are sharded inside each group of two and
 replicated across the two groups (the hybrid used in production). ``sharded_dlrm.py`` is the
 model each rank holds (``row_sharded.py`` its row-split tables), ``tables.py`` places and
 synchronises them, ``observe.py`` measures lookups, bytes by part and AUC, ``sizing.py`` says

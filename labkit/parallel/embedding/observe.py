@@ -38,7 +38,7 @@ def _embedding_backward_node(output: torch.Tensor):
 
 
 class TableObserver:
-    """Observer of a run whose layout places the DLRM's tables (``Layout(tables=...)``)."""
+    """Observer of a run whose layout places the DLRM's tables (``TrainConfig(tables=...)``)."""
 
     def __init__(self):
         self._windows: list[tuple] = []  # (start mark, end mark) of each lookup

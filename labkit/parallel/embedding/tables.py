@@ -1,6 +1,6 @@
 """The DLRM's embedding tables placed over the run's fsdp dimension, its dense part data
-parallel: the layouts ``Layout(fsdp=N, tables="table_wise" | "row_wise" |
-"row_wise_dtensor")`` (the presets "table_wise", "row_wise", "row_wise_dtensor"), and with
+parallel: ``layout=Layout(fsdp=N)`` with ``tables="table_wise" | "row_wise" |
+"row_wise_dtensor"`` (the presets "table_wise", "row_wise", "row_wise_dtensor"), and with
 dp > 1 the hybrid used in production: tables sharded inside each group of fsdp ranks,
 replicated across the dp groups.
 
@@ -27,13 +27,13 @@ from labkit.parallel.embedding.sharded_dlrm import ShardedDLRM
 from labkit.parallel.embedding.sizing import dlrm_plan
 
 
-def table_plan(config, layout, memory) -> TablePlan:
+def table_plan(config, layout, tables: str, memory) -> TablePlan:
     """Where the tables go in each group of fsdp ranks; every rank computes the same plan,
     for the batch one group sees. When nothing fits the cap, the tables are split by rows
     anyway: the device, not the plan, then has the last word."""
     capacity = getattr(memory, "device_capacity", None) or memory.capacity_bytes
     group_config = dataclasses.replace(config, global_batch=config.global_batch // layout.dp)
-    if layout.tables.startswith("row_wise"):
+    if tables.startswith("row_wise"):
         return dlrm_plan(group_config, layout.fsdp, capacity, row_wise=True)
     try:
         return dlrm_plan(group_config, layout.fsdp, capacity)

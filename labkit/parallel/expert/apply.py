@@ -35,20 +35,16 @@ def shard_experts(model: nn.Module, mesh, group) -> None:
         layer.exchange = ExpertExchange(group)
 
 
-def expert_gradient_sync(parts: list[nn.Module], group):
+def sync_expert_gradients(parts: list[nn.Module], group) -> None:
     """After backward: replicated gradients averaged over ``group``, experts' divided by
     its size (one AllReduce per replicated tensor; none for the experts)."""
     size = dist.get_world_size(group)
-
-    def sync() -> None:
-        for part in parts:
-            for param in part.parameters():
-                if param.grad is None:
-                    continue
-                if isinstance(param, DTensor):  # this rank's experts: every rank's tokens
-                    param.grad.to_local().div_(size)
-                    continue
-                dist.all_reduce(param.grad, group=group)
-                param.grad /= size
-
-    return sync
+    for part in parts:
+        for param in part.parameters():
+            if param.grad is None:
+                continue
+            if isinstance(param, DTensor):  # this rank's experts: every rank's tokens
+                param.grad.to_local().div_(size)
+                continue
+            dist.all_reduce(param.grad, group=group)
+            param.grad /= size

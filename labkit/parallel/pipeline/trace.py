@@ -75,18 +75,20 @@ def _order(runner, schedule: str, stage: int, num_stages: int,
 
 
 class PipelineTrace:
-    """This rank's stages of ``built`` (a pipelined ``Built``) stepped on fake tensors."""
+    """This rank's stages of ``built`` (a pipelined ``Built`` of ``run``, a resolved
+    ``labkit.training.run.Run``) stepped on fake tensors."""
 
-    def __init__(self, built, config, layout, pp_rank: int, ids: list[int]):
+    def __init__(self, built, run, pp_rank: int, ids: list[int]):
+        config, layout, schedule = run.config, run.layout, run.engines.schedule
         self.micro_batches = config.micro_batches
-        self.num_stages = layout.pp * layout.stages_per_rank
+        self.num_stages = run.stages
         self.loss_fn = loss_fn(config.model)
-        self.order = _order(built.pipeline, layout.pipeline_schedule, pp_rank,
+        self.order = _order(built.pipeline, schedule, pp_rank,
                             self.num_stages, config.micro_batches)
         self.modules = dict(zip(ids, built.modules, strict=True))
         self.last_backward = {s: max(mb for t, kind, mb in self.order if t == s and kind == "B")
                               for s in ids}
-        self.persistent = layout.pipeline_schedule != "naive"
+        self.persistent = schedule != "naive"
         self.shapes = stage_inputs(config, self.num_stages,
                                    config.global_batch // layout.data_size // self.micro_batches,
                                    layout.tp)

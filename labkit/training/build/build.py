@@ -31,12 +31,11 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from labkit.models import build_model, loss_fn, plan_for
 from labkit.models.optim import make_optimizer, weight_dtype
-from labkit.parallel.context.apply import apply_cp, average_over_cp
-from labkit.parallel.context.engine import engine_on
-from labkit.parallel.data.ddp import bucket_bytes, wrap_ddp
-from labkit.parallel.data.naive import average_gradients, broadcast_parameters
-from labkit.parallel.embedding.tables import shard_tables, sync_table_gradients, table_plan
-from labkit.parallel.expert.apply import expert_gradient_sync, shard_experts
+from labkit.parallel.context.apply import apply_cp
+from labkit.parallel.data.ddp import wrap_ddp
+from labkit.parallel.data.naive import broadcast_parameters
+from labkit.parallel.embedding.tables import shard_tables, table_plan
+from labkit.parallel.expert.apply import shard_experts
 from labkit.parallel.pipeline.schedule import PipelineRunner
 from labkit.parallel.pipeline.stages import split_stages, stage_ids, stage_module
 from labkit.parallel.sharded.fsdp import (
@@ -49,6 +48,13 @@ from labkit.parallel.sharded.zero import zero1_optimizer
 from labkit.runtime.memory.capacity import on_host
 from labkit.training.build.context import ParallelContext
 from labkit.training.build.materialize import materialize
+from labkit.training.build.sync import (
+    AverageGradients,
+    ExpertGradients,
+    SyncStep,
+    TableGradients,
+    run_sync,
+)
 
 
 @dataclass
@@ -61,11 +67,10 @@ class Built:
         modules: the parts as they run (wrapped by DDP where it applies).
         optimizer: over every part's parameters.
         pipeline: the stages' schedule, or None without a pipeline.
-        sync_gradients: hand-written gradient communication after backward, or None.
+        grad_sync: the hand-written gradient communication after backward, in the order
+            it runs (``sync.py``); empty where the engines synchronise by themselves.
         no_sync: a context that keeps gradients local (micro-batches), or None.
         overlaps_comm: gradients are AllReduced during backward (DDP's buckets).
-        untraced_bytes: memory kept outside the traced step that the estimator adds (DDP's
-            buckets: DDP does not run on fake tensors).
         table_plan: the DLRM's table placement, or None.
         engine_casts: FSDP2's ``MixedPrecisionPolicy`` makes the bfloat16 copies for
             precision="mixed", so the step does not autocast.
@@ -76,10 +81,9 @@ class Built:
     modules: list[nn.Module]
     optimizer: torch.optim.Optimizer
     pipeline: PipelineRunner | None = None
-    sync_gradients: Any = None
+    grad_sync: tuple[SyncStep, ...] = ()
     no_sync: Any = None
     overlaps_comm: bool = False
-    untraced_bytes: int = 0
     table_plan: Any = None
     engine_casts: bool = False
 
@@ -88,14 +92,18 @@ class Built:
         """The one module of a layout without a pipeline."""
         return self.modules[0]
 
+    def sync_gradients(self) -> None:
+        """Run ``grad_sync``, step by step."""
+        run_sync(self.grad_sync)
+
 
 def _split(model: nn.Module, plan, ctx: ParallelContext):
     """Step 3: this rank's stages and their names, or the whole model."""
-    layout = ctx.layout
-    if not layout.pipelined:
+    layout, engines = ctx.layout, ctx.engines
+    if not engines.pipelined:
         return [model], [{}], None
-    per_rank = layout.stages_per_rank
-    cut = split_stages(plan.layers(model), layout.pp * per_rank)
+    per_rank = engines.stages_per_rank
+    cut = split_stages(plan.layers(model), ctx.run.stages)
     ids = stage_ids(ctx.coordinate("pp"), layout.pp, per_rank)
     parts, names = zip(*(stage_module(cut[i]) for i in ids), strict=True)
     return list(parts), list(names), ids
@@ -104,86 +112,104 @@ def _split(model: nn.Module, plan, ctx: ParallelContext):
 def _shard(parts: list[nn.Module], plan, ctx: ParallelContext,
            precision: str = "fp32") -> list[nn.Module]:
     """Step 4: FSDP2's engines, on the meta device."""
-    layout = ctx.layout
-    engine = layout.data_engine
+    layout, engine = ctx.layout, ctx.engines.data_engine
     if engine == "fsdp":
         mesh = ctx.submesh(*shard_dims(layout))
         return [apply_fsdp(part, plan.fsdp_units(part), mesh, precision) for part in parts]
-    if engine == "ddp" and (layout.tp > 1 or layout.pipelined):
+    if engine == "ddp" and (layout.tp > 1 or ctx.engines.pipelined):
         return [apply_replicate(part, ctx.submesh("dp")) for part in parts]
     return parts
+
+
+def plain_ddp(run) -> bool:
+    """PyTorch's DDP (or ZeRO-1 over it) wraps whole replicas: no tp, no pipeline, no
+    experts (whose replicas are averaged by hand)."""
+    return run.engines.data_engine in ("ddp", "zero1") and not (
+        run.layout.tp > 1 or run.engines.pipelined or run.layout.ep > 1)
 
 
 def _replicate(parts, ctx: ParallelContext, config) -> tuple[list[nn.Module], dict]:
     """Step 6: engines that wrap allocated weights; returns the modules that run and what
     the step needs to know about them."""
-    layout, engine = ctx.layout, ctx.layout.data_engine
+    engine = ctx.engines.data_engine
+    if ctx.layout.ep > 1:  # the experts' replicas are averaged by hand (``_grad_sync``)
+        return parts, {}
     fake = any(is_fake(p) for part in parts for p in part.parameters())
-    plain_ddp = engine in ("ddp", "zero1") and not (layout.tp > 1 or layout.pipelined)
-    if plain_ddp and fake:  # DDP does not run on fake tensors: trace the replica alone
-        return parts, {"untraced_bytes": sum(bucket_bytes(p) for p in parts)}
-    if plain_ddp:
+    if plain_ddp(ctx.run) and fake:  # DDP does not run on fake tensors: the replica alone
+        return parts, {}
+    if plain_ddp(ctx.run):
         modules = [wrap_ddp(part, ctx.group("dp"), ctx.device, config.bucket_cap_mb,
                             ctx.memory) for part in parts]
         return modules, {"overlaps_comm": True, "no_sync": modules[0].no_sync}
+    if engine in ("fsdp", "ddp"):  # FSDP2's fully_shard or replicate
+        return parts, {"no_sync": fsdp_no_sync(parts)}
     if engine == "naive":
         for part in parts:
             broadcast_parameters(part, ctx.group("dp"))
-        group = ctx.group("dp")
-        return parts, {"sync_gradients": lambda: [average_gradients(p, group) for p in parts]}
-    if engine == "tables":
-        return parts, {"sync_gradients": lambda: sync_table_gradients(parts[0], ctx.mesh,
-                                                                       layout)}
-    if engine in ("fsdp", "ddp"):  # FSDP2's fully_shard or replicate
-        return parts, {"no_sync": fsdp_no_sync(parts)}
     return parts, {}
+
+
+def _grad_sync(parts, ctx: ParallelContext) -> tuple[SyncStep, ...]:
+    """The hand-written gradient sync, in order: the data-parallel engine's (naive
+    AllReduce, the tables', the experts'), then the mean over cp."""
+    layout, engine, steps = ctx.layout, ctx.engines.data_engine, []
+    if layout.ep > 1:  # replicas averaged by hand, experts not (DDP would average all)
+        steps.append(ExpertGradients(tuple(parts), ctx.group("dp")))
+    elif engine == "naive":
+        steps.append(AverageGradients(tuple(parts), ctx.group("dp"), "dp"))
+    elif engine == "tables":
+        steps.append(TableGradients(parts[0], ctx.mesh, layout))
+    if layout.cp > 1:
+        steps.append(AverageGradients(tuple(parts), ctx.group("cp"), "cp"))
+    return tuple(steps)
 
 
 def _optimizer(parts, ctx: ParallelContext, config) -> torch.optim.Optimizer:
     params = [p for part in parts for p in part.parameters()]
-    if ctx.layout.data_engine == "zero1":
+    if ctx.engines.data_engine == "zero1":
         return zero1_optimizer(params, config.optimizer, config.lr, ctx.group("dp"))
     return make_optimizer(config.optimizer, params, config.lr)
 
 
-def build(ctx: ParallelContext, config) -> Built:
-    """This rank's model for ``config`` (a TrainConfig) under ``ctx.layout``."""
-    layout, plan = ctx.layout, plan_for(config.model)
+def _on_meta(ctx: ParallelContext, config, plan):
+    """Steps 1-4, on meta tensors: this rank's parts, their names, stage ids, tables."""
+    layout, engines = ctx.layout, ctx.engines
+    model = build_model(config.model, "meta", config.seed, weight_dtype(config.precision))
+    placement = None
+    if engines.tables is not None:
+        placement = table_plan(config, layout, engines.tables, ctx.memory)
+        model = shard_tables(model, placement, ctx.submesh("fsdp"), engines.tables)
+    if layout.tp > 1:
+        parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
+    if layout.ep > 1:  # this rank's experts only (DTensors over dp), all-to-all over dp
+        shard_experts(model, ctx.submesh("dp"), ctx.group("dp"))
+    if layout.cp > 1:  # ring attention over cp; weights untouched (replicated over cp)
+        apply_cp(plan, model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp,
+                 engines.cp_engine)
+    if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
+        for unit in plan.checkpoint_units(model):
+            checkpoint(unit)  # composable: hooks only, the weights keep their names
+    parts, names, ids = _split(model, plan, ctx)
+    return _shard(parts, plan, ctx, config.precision), names, ids, placement
+
+
+def build(ctx: ParallelContext) -> Built:
+    """This rank's model for ``ctx.run`` (its config, layout and engines)."""
+    config, layout, engines = ctx.config, ctx.layout, ctx.engines
+    plan = plan_for(config.model)
     # Steps 1-4 work on meta tensors (shapes, no memory) and on the mesh's host tensors:
     # plain ones, also while the estimator traces the steps after them on fake tensors.
     with on_host():
-        model = build_model(config.model, "meta", config.seed, weight_dtype(config.precision))
-        placement = None
-        if layout.tables is not None:
-            placement = table_plan(config, layout, ctx.memory)
-            model = shard_tables(model, placement, ctx.submesh("fsdp"), layout.tables)
-        if layout.tp > 1:
-            parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
-        if layout.ep > 1:  # this rank's experts only (DTensors over dp), all-to-all over dp
-            shard_experts(model, ctx.submesh("dp"), ctx.group("dp"))
-        if layout.cp > 1:  # ring attention over cp; weights untouched (replicated over cp)
-            apply_cp(plan, model, ctx.group("cp"), ctx.coordinate("cp"), layout.cp,
-                          engine_on(config.cp_engine, ctx.device.type))
-        if config.activation_checkpointing:  # after TP, before FSDP (torchtitan's order)
-            for unit in plan.checkpoint_units(model):
-                checkpoint(unit)  # composable: hooks only, the weights keep their names
-        parts, names, ids = _split(model, plan, ctx)
-        parts = _shard(parts, plan, ctx, config.precision)
+        parts, names, ids, placement = _on_meta(ctx, config, plan)
     materialize(parts, names, config, layout.tp, ctx.device)
-    if layout.ep > 1:  # replicas averaged by hand, experts not (DDP would average all)
-        modules, engine = parts, {"sync_gradients": expert_gradient_sync(parts, ctx.group("dp"))}
-    else:
-        modules, engine = _replicate(parts, ctx, config)
-    if layout.cp > 1:  # after the data-parallel engine's own sync: the mean over cp
-        engine["sync_gradients"] = average_over_cp(parts, ctx.group("cp"),
-                                                   engine.get("sync_gradients"))
+    modules, engine = _replicate(parts, ctx, config)
     optimizer = _optimizer(parts, ctx, config)
     pipeline = None
-    if layout.pipelined:
-        pipeline = PipelineRunner(modules, ids, layout.pp * layout.stages_per_rank,
-                                  ctx.coordinate("pp"), layout.pp, ctx.group("pp"),
-                                  ctx.device, config.micro_batches, loss_fn(config.model),
-                                  layout.pipeline_schedule, ctx.clock)
-    casts = layout.data_engine == "fsdp" and config.precision == "mixed"
-    return Built(parts, names, modules, optimizer, pipeline, table_plan=placement,
-                 engine_casts=casts, **engine)
+    if engines.pipelined:
+        pipeline = PipelineRunner(modules, ids, ctx.run.stages, ctx.coordinate("pp"),
+                                  layout.pp, ctx.group("pp"), ctx.device,
+                                  config.micro_batches, loss_fn(config.model),
+                                  engines.schedule, ctx.clock)
+    casts = engines.data_engine == "fsdp" and config.precision == "mixed"
+    return Built(parts, names, modules, optimizer, pipeline, _grad_sync(parts, ctx),
+                 table_plan=placement, engine_casts=casts, **engine)

@@ -11,13 +11,15 @@ from labkit.runtime.comm.clock import clock_for
 from labkit.runtime.memory.capacity import on_host
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.mesh import GroupLabels, mesh_for
+from labkit.training.run import Engines, Run
 
 
 @dataclass
 class ParallelContext:
-    """One rank of a run: who it is, its device and memory tracker, the run's layout and the
-    one DeviceMesh built from it (``mesh["tp"]``, ``mesh["dp", "fsdp"]``...), the clock that
-    times its device, and where progress goes.
+    """One rank of a run: who it is, its device and memory tracker, the resolved run (its
+    config, layout and engines, ``labkit/training/run.py``), the one DeviceMesh built from
+    the layout (``mesh["tp"]``, ``mesh["dp", "fsdp"]``...), the clock that times its device,
+    and where progress goes.
 
     On a cluster it is made from the rank's ``RankContext`` for the length of a run; the
     estimator makes one for a rank of a fake process group.
@@ -27,14 +29,27 @@ class ParallelContext:
     world_size: int
     device: torch.device
     memory: Any  # a MemoryTracker
-    layout: Layout
+    run: Run
     mesh: Any  # a DeviceMesh with dimensions ("pp", "dp", "fsdp", "cp", "tp")
     clock: Any  # comm.clock.HostClock or DeviceClock
     progress: Any = None  # progress(done, total, label), or None
     labels: GroupLabels = field(init=False)
 
     def __post_init__(self):
-        self.labels = GroupLabels(self.layout, self.rank)
+        self.labels = GroupLabels(self.layout, self.engines, self.rank)
+
+    @property
+    def layout(self) -> Layout:
+        return self.run.layout
+
+    @property
+    def engines(self) -> Engines:
+        return self.run.engines
+
+    @property
+    def config(self):
+        """The run's ``TrainConfig``."""
+        return self.run.config
 
     def coordinate(self, dim: str) -> int:
         """This rank's index along mesh dimension ``dim``."""
@@ -60,9 +75,9 @@ class ParallelContext:
             self.progress(done, total, label)
 
 
-def parallel_context(ctx, layout: Layout) -> ParallelContext:
-    """On a rank of a cluster (``ctx``: its ``RankContext``), the ``ParallelContext`` of a run
-    with ``layout``. Every rank must call it (the first time, it builds the mesh)."""
-    return ParallelContext(ctx.rank, ctx.world_size, ctx.device, ctx.memory, layout,
-                           mesh_for(layout, ctx.device.type), clock_for(ctx.device),
+def parallel_context(ctx, run: Run) -> ParallelContext:
+    """On a rank of a cluster (``ctx``: its ``RankContext``), the ``ParallelContext`` of
+    ``run`` (resolved). Every rank must call it (the first time, it builds the mesh)."""
+    return ParallelContext(ctx.rank, ctx.world_size, ctx.device, ctx.memory, run,
+                           mesh_for(run.layout, ctx.device.type), clock_for(ctx.device),
                            getattr(ctx, "progress", None))

@@ -8,10 +8,13 @@ from pathlib import Path
 from labkit.training.checkpoint.store import CheckpointError, Found, check_dir
 
 
-def check_checkpointing(config, layout) -> Found | None:
-    """``CheckpointError`` when ``config.checkpoint_dir`` cannot be made or holds only
-    another run's checkpoints; else the checkpoint the run will resume from (None: from
-    the start). Warns for each checkpoint passed over. Every layout checkpoints."""
+def check_checkpointing(run) -> Found | None:
+    """``CheckpointError`` when ``run.config.checkpoint_dir`` (``run``: a resolved Run)
+    cannot be made or holds only another run's checkpoints; else the checkpoint the run will
+    resume from (None: from the start). Warns for each checkpoint passed over. Every layout
+    checkpoints. What is on disk, looked at before any rank starts: the config itself was
+    checked when the run was resolved."""
+    config = run.config
     if config.checkpoint_dir is None:
         return None
     _check_can_be_a_folder(Path(config.checkpoint_dir))

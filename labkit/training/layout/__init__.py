@@ -1,10 +1,9 @@
-"""Layouts: how a run splits over its ranks (data, sharded data, tensor, pipeline
-parallelism), the rules a layout must pass before any process starts, the strategy names as
-preset layouts, and the one DeviceMesh each rank builds from a layout."""
+"""Layouts: how many ways a run splits along each dimension (data, sharded data, tensor,
+pipeline, context parallelism), the strategy names as preset layouts with their engine
+choices, and the one DeviceMesh each rank builds from a layout. A run's layout is resolved
+and checked with the rest of it in ``labkit/training/run.py``."""
 
-from labkit.training.layout.layout import DP_KINDS, MESH_ORDER, SCHEDULES, TABLES, Layout
-from labkit.training.layout.presets import STRATEGIES, check_strategy, layout_for, preset
-from labkit.training.layout.rules import check_run
+from labkit.training.layout.layout import MESH_ORDER, Layout
+from labkit.training.layout.presets import STRATEGIES, check_strategy, preset
 
-__all__ = ["DP_KINDS", "MESH_ORDER", "SCHEDULES", "STRATEGIES", "TABLES", "Layout",
-           "check_run", "check_strategy", "layout_for", "preset"]
+__all__ = ["MESH_ORDER", "STRATEGIES", "Layout", "check_strategy", "preset"]

@@ -2,7 +2,11 @@
 
     labkit.Layout(dp=2, tp=2)               # 2 replicas, each split over 2 ranks by tensors
     labkit.Layout(fsdp=2, tp=2)             # 2D: FSDP shards over 2, TP splits over 2
-    labkit.Layout(dp=2, pp=2, schedule="gpipe")
+    labkit.Layout(dp=2, pp=2)               # 2 replicas of a 2-stage pipeline
+
+The degrees only (as torchtitan's ``ParallelDims``): what runs each dimension (the pipeline
+schedule, the data-parallel engine, the DLRM's tables) is chosen beside it
+(``labkit/training/engines.py``: ``TrainConfig(layout=..., schedule="gpipe")``).
 
 The four dimensions (Megatron-LM and torchtitan use the same ones):
 
@@ -10,8 +14,8 @@ The four dimensions (Megatron-LM and torchtitan use the same ones):
 * ``dp``: replicas; each holds the whole (stage of the) model and trains on its own slice of
   the batch, gradients averaged.
 * ``fsdp``: sharded data parallelism; ranks train on their own slices of the batch but keep
-  only a shard of the model state (FSDP2; for the DLRM, ``tables`` may place embedding tables
-  over this dimension instead).
+  only a shard of the model state (FSDP2; for the DLRM, the ``tables`` engine choice may
+  place embedding tables over this dimension instead).
 * ``cp``: context parallelism; ranks hold slices of each sequence (the same samples, other
   tokens) and pass attention's keys and values round a ring (``labkit/parallel/context``).
 * ``tp``: tensor parallelism; ranks split each layer's matrices and see the same samples.
@@ -35,34 +39,17 @@ import numbers
 from dataclasses import dataclass
 
 MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b")
-DP_KINDS = ("ddp", "naive", "zero1", "fsdp")
-TABLES = ("table_wise", "row_wise", "row_wise_dtensor")
-DEFAULT_SCHEDULE = "1f1b"  # torchtitan's and Megatron-LM's default
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Degrees of each dimension, and how the data-parallel and pipeline ones are run.
+    """The degree of each dimension of parallelism.
 
     Attributes:
         dp, fsdp, tp, pp: the degrees (at least 1 each; their product is the world size).
-        schedule: the pipeline schedule: "naive" (hand-written, one batch at a time),
-            "gpipe", "1f1b", "interleaved_1f1b" (two stages per rank). None: "1f1b" when
-            pp > 1, no pipeline otherwise. Given with pp=1, a one-stage pipeline runs.
-        dp_kind: how the data-parallel dimensions are run: "ddp" (PyTorch's DDP; its
-            FSDP2-based ``replicate`` when the replica is itself split by tp or pp), "naive"
-            (hand-written AllReduce, for reading), "zero1" (DDP with the optimizer state
-            sharded over dp), "fsdp" (FSDP2; HSDP, replicated over dp and sharded over
-            fsdp, when both are > 1). None: "fsdp" when fsdp > 1, else "ddp" when dp > 1,
-            else none (one device's training). Given with degree 1, the engine still runs.
-        tables: the DLRM's embedding tables placed over the fsdp dimension: "table_wise"
-            (whole tables, by a planner), "row_wise" (rows split), "row_wise_dtensor"
-            (DTensor's RowwiseParallel). The dense part is data parallel over dp x fsdp and
-            the tables are replicated over dp. None: the tables are sharded like the rest.
         cp: context parallelism's degree: each sequence cut into 2 x cp chunks, rank i of a
             cp group holding chunks i and 2cp-1-i; attention by ring attention, gradients
-            averaged over cp (last field, so the positional order of the others is kept).
+            averaged over cp.
         ep: expert parallelism: a mixture of experts' experts cut over the dp ranks (ep
             equals dp: not a dimension of its own, the dp ranks borrowed, as DeepSpeed-MoE
             and torchtitan do); tokens reach their experts by all-to-all over dp.
@@ -72,9 +59,6 @@ class Layout:
     fsdp: int = 1
     tp: int = 1
     pp: int = 1
-    schedule: str | None = None
-    dp_kind: str | None = None
-    tables: str | None = None
     cp: int = 1
     ep: int = 1
 
@@ -85,10 +69,6 @@ class Layout:
                 raise ValueError(f"Layout({dim}={value!r}): a degree is a whole number of ranks, "
                                  "at least 1")
             object.__setattr__(self, dim, int(value))  # numpy's integers become plain ints
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("dp_kind", self.dp_kind, DP_KINDS)
-        _check_choice("tables", self.tables, TABLES)
-        _check_engines(self)
 
     # ----- what the layout means ---------------------------------------------------------
     @property
@@ -105,31 +85,6 @@ class Layout:
     def data_size(self) -> int:
         """How many slices the batch is cut into: one per (dp, fsdp) coordinate."""
         return self.dp * self.fsdp
-
-    @property
-    def pipelined(self) -> bool:
-        return self.pp > 1 or self.schedule is not None
-
-    @property
-    def pipeline_schedule(self) -> str | None:
-        """The schedule that runs, or None without a pipeline."""
-        return (self.schedule or DEFAULT_SCHEDULE) if self.pipelined else None
-
-    @property
-    def stages_per_rank(self) -> int:
-        return 2 if self.pipeline_schedule == "interleaved_1f1b" else 1
-
-    @property
-    def data_engine(self) -> str | None:
-        """The data-parallel engine that runs: "ddp", "naive", "zero1", "fsdp", "tables"
-        (the DLRM's tables over fsdp, its dense part averaged by hand) or None."""
-        if self.tables is not None:
-            return "tables"
-        if self.dp_kind is not None:
-            return self.dp_kind
-        if self.fsdp > 1:
-            return "fsdp"
-        return "ddp" if self.dp > 1 else None
 
     def replace(self, **changes) -> Layout:
         return dataclasses.replace(self, **changes)
@@ -166,45 +121,11 @@ class Layout:
             out.append(group)
         return out
 
-    def __str__(self) -> str:
+    def degrees_text(self) -> str:
+        """``"pp2 x dp2 x tp2"``: the degrees above 1, in mesh order."""
         parts = [f"{dim}{getattr(self, dim)}" for dim in MESH_ORDER if getattr(self, dim) > 1]
-        text = " x ".join(parts) or "1 device"
-        extras = [v for v in (self.pipeline_schedule, self.dp_kind, self.tables) if v]
-        extras += [f"experts over dp{self.ep}"] if self.ep > 1 else []
-        return f"{text} ({', '.join(extras)})" if extras else text
+        return " x ".join(parts) or "1 device"
 
-
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if value is not None and value not in choices:
-        raise ValueError(f"Layout({name}={value!r}): choose one of {', '.join(choices)} "
-                         "(or leave it out)")
-
-
-def _check_engines(layout: Layout) -> None:
-    """Combinations that no engine runs, refused with what to write instead."""
-    kind = layout.dp_kind
-    if kind in ("ddp", "naive", "zero1") and layout.fsdp > 1:
-        raise ValueError(f"dp_kind={kind!r} replicates the model, but fsdp={layout.fsdp} "
-                         "shards it: write dp= for replicas, or dp_kind='fsdp' (HSDP when dp "
-                         "> 1 too)")
-    if kind == "fsdp" and layout.fsdp == 1 and layout.dp > 1:
-        raise ValueError(f"dp_kind='fsdp' shards over the fsdp dimension, which is 1 here: "
-                         f"write fsdp={layout.dp} instead of dp={layout.dp}, or dp_kind='ddp'")
-    if kind == "zero1" and (layout.tp > 1 or layout.pipelined):
-        raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
-                         "split replicas shard the optimizer state with fsdp= instead")
-    if layout.ep > 1 and layout.ep != layout.dp:
-        n = max(layout.dp, layout.ep)  # keep the ranks the user asked for
-        raise ValueError(f"ep={layout.ep} must equal dp (here {layout.dp}): the experts are cut "
-                         f"over the dp ranks; write Layout(dp={n}, ep={n})")
-    if layout.ep > 1 and kind not in (None, "naive"):
-        raise ValueError(f"ep={layout.ep} averages the replicated weights by hand and the "
-                         f"experts' not at all, so dp_kind={kind!r} cannot run it: leave dp_kind "
-                         "out (or dp_kind='naive')")
-    if layout.tables is not None:
-        if kind is not None:
-            raise ValueError(f"tables={layout.tables!r} averages the dense part by hand over "
-                             f"dp x fsdp: leave dp_kind out (not {kind!r})")
-        if layout.tp > 1 or layout.pipelined:
-            raise ValueError(f"tables={layout.tables!r} splits the DLRM's tables over fsdp; tp "
-                             "and pp split the other zoo models: leave them at 1")
+    def __str__(self) -> str:
+        text = self.degrees_text()
+        return f"{text} (experts over dp{self.ep})" if self.ep > 1 else text

@@ -43,10 +43,10 @@ def mesh_for(layout: Layout, device_type: str) -> DeviceMesh:
     return _MESHES[key]
 
 
-def _active_dims(layout: Layout) -> list[str]:
+def _active_dims(layout: Layout, engines) -> list[str]:
     """Dimensions whose engine runs, in mesh order (a degree-1 engine still communicates)."""
-    engine = layout.data_engine
-    active = {"pp": layout.pipelined, "dp": engine in ("ddp", "naive", "zero1") or layout.dp > 1,
+    engine = engines.data_engine
+    active = {"pp": engines.pipelined, "dp": engine in ("ddp", "naive", "zero1") or layout.dp > 1,
               "fsdp": engine in ("fsdp", "tables") or layout.fsdp > 1, "tp": layout.tp > 1,
               "cp": layout.cp > 1}
     return [dim for dim in MESH_ORDER if active[dim]]
@@ -59,12 +59,12 @@ class GroupLabels:
     When several dimensions have the same ranks (on one rank all of them do) the one whose
     engine runs wins."""
 
-    def __init__(self, layout: Layout | None = None, rank: int = 0):
+    def __init__(self, layout: Layout | None = None, engines=None, rank: int = 0):
         self._dims: dict[tuple[int, ...], str] = {}
         self._names: dict[str, str] = {}  # group name -> dimension, as they are met
         if layout is None:
             return
-        order = _active_dims(layout)
+        order = _active_dims(layout, engines)
         order += [dim for dim in MESH_ORDER if dim not in order]
         for dim in order:
             ranks = next(g for g in layout.groups(dim) if rank in g)

@@ -1,28 +1,82 @@
-"""The rules a run must pass before any process starts: the layout fits the ranks, the model
-and the batch. Each error says what to change."""
+"""The rules a run must pass before any process starts, each error saying what to change:
+the fields that go together, the engines the layout asks for, and the layout against the
+ranks, the model, the batch, the levers and the device. Called by ``resolve`` alone
+(``labkit/training/run.py``): a run is checked there, once."""
 
 from __future__ import annotations
 
 from labkit.models import plan_for
-from labkit.parallel.context.engine import resolve_engine
 from labkit.training.layout.layout import Layout
 
 
-def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
-              backend: str = "gloo") -> None:
-    """Raise ValueError if ``config`` (a TrainConfig) cannot train with ``layout`` on
-    ``world_size`` ranks of ``device`` talking over ``backend``."""
+def check_fields(config) -> None:
+    """Fields of a ``TrainConfig`` that only make sense together."""
+    if config.layout is not None and config.strategy != "single":
+        raise ValueError(f"give a strategy name or a layout, not both (strategy="
+                         f"{config.strategy!r}, layout={config.layout})")
+    chosen = {n: getattr(config, n) for n in ("schedule", "dp_kind", "tables")
+              if getattr(config, n) is not None}
+    if chosen and config.layout is None:
+        named = ", ".join(f"{n}={v!r}" for n, v in chosen.items())
+        raise ValueError(f"{named} chooses an engine for a layout, and strategy "
+                         f"{config.strategy!r} has its own: give layout=labkit.Layout(...) "
+                         f"with it, or the strategy alone")
+    for name in ("checkpoint_every", "checkpoint_keep"):
+        if getattr(config, name) is not None and config.checkpoint_dir is None:
+            raise ValueError(f"{name}={getattr(config, name)} needs a checkpoint_dir to save "
+                             f"into: give TrainConfig.checkpoint_dir")
+    if config.checkpoint_async and config.checkpoint_dir is None:
+        raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
+                         "TrainConfig.checkpoint_dir")
+
+
+def check_engine_choices(layout: Layout, schedule: str | None = None,
+                         dp_kind: str | None = None, tables: str | None = None) -> None:
+    """Engine choices that no engine runs with these degrees, refused with what to write
+    instead."""
+    kind = dp_kind
+    if kind in ("ddp", "naive", "zero1") and layout.fsdp > 1:
+        raise ValueError(f"dp_kind={kind!r} replicates the model, but fsdp={layout.fsdp} "
+                         "shards it: write dp= for replicas, or dp_kind='fsdp' (HSDP when dp "
+                         "> 1 too)")
+    if kind == "fsdp" and layout.fsdp == 1 and layout.dp > 1:
+        raise ValueError(f"dp_kind='fsdp' shards over the fsdp dimension, which is 1 here: "
+                         f"write fsdp={layout.dp} instead of dp={layout.dp}, or dp_kind='ddp'")
+    pipelined = layout.pp > 1 or schedule is not None
+    if kind == "zero1" and (layout.tp > 1 or pipelined):
+        raise ValueError("dp_kind='zero1' runs on plain replicas only (no tp, no pp): for "
+                         "split replicas shard the optimizer state with fsdp= instead")
+    if layout.ep > 1 and layout.ep != layout.dp:
+        n = max(layout.dp, layout.ep)  # keep the ranks the user asked for
+        raise ValueError(f"ep={layout.ep} must equal dp (here {layout.dp}): the experts are cut "
+                         f"over the dp ranks; write Layout(dp={n}, ep={n})")
+    if layout.ep > 1 and kind not in (None, "naive"):
+        raise ValueError(f"ep={layout.ep} averages the replicated weights by hand and the "
+                         f"experts' not at all, so dp_kind={kind!r} cannot run it: leave dp_kind "
+                         "out (or dp_kind='naive')")
+    if tables is not None:
+        if kind is not None:
+            raise ValueError(f"tables={tables!r} averages the dense part by hand over "
+                             f"dp x fsdp: leave dp_kind out (not {kind!r})")
+        if layout.tp > 1 or pipelined:
+            raise ValueError(f"tables={tables!r} splits the DLRM's tables over fsdp; tp "
+                             "and pp split the other zoo models: leave them at 1")
+
+
+def check_run(run) -> None:
+    """Raise ValueError if ``run`` (a Run, its engines resolved) cannot train."""
+    config, layout, engines = run.config, run.layout, run.engines
+    world_size, device, backend = run.world_size, run.device_type, run.backend
     if layout.size != world_size:
         raise ValueError(f"the layout {layout} needs {layout.size} ranks and the cluster has "
                          f"{world_size}: resize the cluster (cluster.resize({layout.size})) or "
                          f"choose degrees whose product is {world_size}")
     _check_batch(config, layout)
     plan = plan_for(config.model)
-    _check_levers(config, layout, plan)
+    _check_levers(config, engines, plan)
     plan.check_tp(config.model, layout.tp)
     if layout.cp > 1:
-        _check_cp(config, layout, plan)
-        resolve_engine(config.cp_engine, device)  # "torch" on CPU ranks is refused here
+        _check_cp(config, layout, engines, plan)
         if device == "cuda" and backend != "nccl":
             raise ValueError("ring attention sends key/value blocks point to point, which gloo "
                              "cannot do with GPU tensors (ranks sharing GPUs talk over gloo): "
@@ -33,22 +87,22 @@ def check_run(config, layout: Layout, world_size: int, device: str = "cpu",
                          f"(Layout(cp=...)) or leave cp_engine='auto'")
     if layout.ep > 1 or plan.family == "moe_gpt":
         _check_experts(config, layout, plan)
-    if layout.pipelined:  # the model first: no micro-batch count makes it a chain
-        plan.check_pipeline(config.model, layout.pp * layout.stages_per_rank)
-        _check_pipeline(config, layout)
+    if engines.pipelined:  # the model first: no micro-batch count makes it a chain
+        plan.check_pipeline(config.model, run.stages)
+        _check_pipeline(config, layout.pp, engines.schedule)
         if device == "cuda" and backend != "nccl":
             raise ValueError("a pipeline on GPUs that ranks share talks over gloo, and gloo "
                              "cannot send GPU tensors point to point: give each rank its own "
                              "GPU (as many ranks as GPUs), or use device='cpu'")
-    if layout.tables is not None:
-        plan.check_tables(config.model, layout.tables, layout.fsdp)
+    if engines.tables is not None:
+        plan.check_tables(config.model, engines.tables, layout.fsdp)
 
 
-def _check_cp(config, layout: Layout, plan) -> None:
+def _check_cp(config, layout: Layout, engines, plan) -> None:
     """Context parallelism: a model with attention, sequences that cut into 2 x cp chunks,
     and the dimensions it has been built and tested with (dp, fsdp)."""
     plan.check_cp(config.model, layout.cp)
-    if layout.tp > 1 or layout.pipelined:
+    if layout.tp > 1 or engines.pipelined:
         raise ValueError(f"cp={layout.cp} composes with dp and fsdp here, not with tp or pp: "
                          "use Layout(dp=..., fsdp=..., cp=...)")
     if config.precision != "fp32":
@@ -75,15 +129,15 @@ def _check_experts(config, layout: Layout, plan) -> None:
                          "and grad_accumulation=1")
 
 
-def _check_levers(config, layout: Layout, plan) -> None:
+def _check_levers(config, engines, plan) -> None:
     """The memory levers (precision, gradient accumulation, activation checkpointing)."""
     if config.activation_checkpointing:
         plan.check_checkpointing(config.model)
-    if layout.pipelined and config.grad_accumulation > 1:
+    if engines.pipelined and config.grad_accumulation > 1:
         raise ValueError("a pipeline already accumulates gradients over its micro-batches: "
                          f"set micro_batches={config.micro_batches * config.grad_accumulation}"
                          " and grad_accumulation=1")
-    if layout.pipelined and config.precision != "fp32":
+    if engines.pipelined and config.precision != "fp32":
         raise ValueError(f"precision={config.precision!r} is not applied to pipeline stages "
                          "here: use precision='fp32' with a pipeline, or a layout without one")
 
@@ -99,8 +153,8 @@ def _check_batch(config, layout: Layout) -> None:
                          f"{micro} micro-batches: choose a multiple of {slices * micro}")
 
 
-def _check_pipeline(config, layout: Layout) -> None:
-    micro, stages, schedule = config.micro_batches, layout.pp, layout.pipeline_schedule
+def _check_pipeline(config, stages: int, schedule: str) -> None:
+    micro = config.micro_batches
     if schedule == "naive" and micro != 1:
         raise ValueError("the naive pipeline sends one whole batch at a time: use "
                          "micro_batches=1, or the 'gpipe' / '1f1b' schedules")
@@ -112,14 +166,14 @@ def _check_pipeline(config, layout: Layout) -> None:
                          f"rounds: use a multiple of {stages} micro-batches, not {micro}")
 
 
-def check_debug_env(layout: Layout, backend: str, debug: str | None) -> None:
+def check_debug_env(run, debug: str | None) -> None:
     """``debug``: the run's ``TORCH_DISTRIBUTED_DEBUG`` (read by the entry point). PyTorch
     2.13's DDP over gloo dies of SIGSEGV in its first backward under ``DETAIL`` (a plain
     ``torch.multiprocessing`` DDP script does too; INFO runs), which would reach a learner
     as ranks dead of a signal: refused before any rank starts."""
-    if (debug or "").upper() == "DETAIL" and backend == "gloo" and layout.data_engine in (
-            "ddp", "zero1"):
+    if (debug or "").upper() == "DETAIL" and run.backend == "gloo" and (
+            run.engines.data_engine in ("ddp", "zero1")):
         raise ValueError(f"TORCH_DISTRIBUTED_DEBUG=DETAIL crashes PyTorch's DDP over gloo "
                          f"(SIGSEGV in the ranks' first backward, also in a plain torch "
-                         f"script), which the layout {layout} runs: unset it, or set it to "
+                         f"script), which {run.label} runs: unset it, or set it to "
                          f"INFO, before starting the notebook or torchrun")

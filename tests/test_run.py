@@ -1,0 +1,128 @@
+"""One resolved run: ``labkit/training/run.py`` resolves and checks a run once; everything
+downstream (the estimate, the checkpoint rules, the ranks, the report) reads the ``Run``;
+the build's gradient sync is an explicit list of named steps."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import labkit
+from labkit.models import DLRMConfig, GPTConfig, MoEGPTConfig
+from labkit.runtime.comm.clock import HostClock
+from labkit.runtime.memory.tracker import MemoryTracker
+from labkit.training import run as run_module
+from labkit.training.build import ParallelContext, build
+from labkit.training.estimate import _fake_group
+from labkit.training.layout import Layout
+from labkit.training.layout.mesh import build_mesh
+from labkit.training.run import Engines, Run, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+GPT = GPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2)
+
+
+def _counting(monkeypatch) -> list:
+    """Count resolutions: ``resolve`` checks each run once with ``check_run``."""
+    calls = []
+    original = run_module.check_run
+
+    def counted(run):
+        calls.append(run)
+        return original(run)
+
+    monkeypatch.setattr(run_module, "check_run", counted)
+    return calls
+
+
+def test_a_train_call_resolves_its_run_once(monkeypatch):
+    calls = _counting(monkeypatch)
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        report = labkit.train(cluster, model="mlp", strategy="fsdp", global_batch=8, steps=2)
+    assert len(calls) == 1  # not again for the estimate, the checkpoint rules or the report
+    assert report.run is calls[0] and report.estimate is not None
+    assert report.layout == Layout(fsdp=2) and report.config.strategy == "fsdp"
+    assert report.run.engines == Engines(dp_kind="fsdp")
+
+
+def test_a_run_round_trips_to_the_ranks_without_being_checked_again(monkeypatch):
+    config = labkit.TrainConfig(model=GPT, layout=Layout(dp=2, cp=2), global_batch=4)
+    run = resolve(config, 4, "cuda", "nccl")
+    calls = _counting(monkeypatch)
+    again = Run.from_dict(run.to_dict())
+    assert again == run and not calls
+    assert again.engines == Engines(dp_kind="ddp", cp_engine="torch")
+
+
+@pytest.mark.parametrize("layout, choices, engines", [
+    (Layout(), {}, Engines()),
+    (Layout(pp=2), {}, Engines(schedule="1f1b")),
+    (Layout(), {"schedule": "gpipe"}, Engines(schedule="gpipe")),  # one stage: a pipeline
+    (Layout(dp=2), {}, Engines(dp_kind="ddp")),
+    (Layout(dp=2, fsdp=2), {}, Engines(dp_kind="fsdp")),
+    (Layout(dp=2), {"dp_kind": "naive"}, Engines(dp_kind="naive")),
+    (Layout(fsdp=2), {"tables": "row_wise"}, Engines(tables="row_wise")),
+    (Layout(cp=2), {}, Engines(cp_engine="ring"))])
+def test_every_default_engine_is_filled_in_when_the_run_is_resolved(layout, choices, engines):
+    model = DLRMConfig() if "tables" in choices else GPT
+    config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, micro_batches=2,
+                                **choices)
+    assert resolve(config, layout.size).engines == engines
+
+
+def test_a_strategy_sets_the_layout_and_its_engines_and_both_cannot_be_given():
+    run = resolve(labkit.TrainConfig(model=GPT, strategy="gpipe", global_batch=8), 2)
+    assert run.layout == Layout(pp=2) and run.engines == Engines(schedule="gpipe")
+    with pytest.raises(ValueError, match="strategy 'ddp' has its own"):
+        resolve(labkit.TrainConfig(model=GPT, strategy="ddp", dp_kind="naive"), 2)
+
+
+def _names_used(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return names
+
+
+def test_no_module_but_run_py_resolves_or_checks_a_run():
+    """The layout is worked out and the rules are applied in ``training/run.py`` only: no
+    other module calls the rules, picks a preset for a config or decides a cp engine."""
+    checks = {"check_run", "check_fields", "check_engine_choices", "check_debug_env",
+              "resolve_engine", "layout_for", "engine_on"}
+    own = {REPO / "labkit/training/run.py", REPO / "labkit/training/rules.py",
+           REPO / "labkit/parallel/context/engine.py"}
+    found = {str(p.relative_to(REPO)): sorted(_names_used(p) & checks)
+             for p in (REPO / "labkit").rglob("*.py") if p not in own}
+    assert {p: names for p, names in found.items() if names} == {}
+
+
+def _grad_sync(config, world_size: int) -> list[str]:
+    """The names of rank 0's gradient-sync steps, built on a fake process group."""
+    run = resolve(config, world_size)
+    with _fake_group(world_size, 0):
+        mesh = build_mesh(run.layout, "cpu")
+        with FakeTensorMode(allow_non_fake_inputs=True), MemoryTracker(count_fake=True) as t:
+            ctx = ParallelContext(0, world_size, torch.device("cpu"), t, run, mesh, HostClock())
+            built = build(ctx)
+    return [str(step) for step in built.grad_sync]
+
+
+@pytest.mark.parametrize("model, layout, choices, steps", [
+    (GPT, Layout(dp=2), {}, []),  # DDP synchronises by itself
+    (GPT, Layout(fsdp=2), {}, []),  # FSDP2 too
+    (GPT, Layout(dp=2), {"dp_kind": "naive"}, ["average gradients over dp"]),
+    (GPT, Layout(dp=2, cp=2), {"dp_kind": "naive"},
+     ["average gradients over dp", "average gradients over cp"]),
+    (GPT, Layout(fsdp=2, cp=2), {}, ["average gradients over cp"]),
+    (MoEGPTConfig(vocab_size=64, seq_len=32, d_model=32, n_heads=2, n_layers=2),
+     Layout(dp=2, ep=2), {}, ["expert replicas over dp"]),
+    (DLRMConfig(), Layout(fsdp=2), {"tables": "table_wise"},
+     ["table gradients over fsdp and dp"])])
+def test_gradient_sync_is_a_list_of_named_steps(model, layout, choices, steps):
+    config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, **choices)
+    assert _grad_sync(config, layout.size) == steps
