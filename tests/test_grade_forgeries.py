@@ -144,34 +144,88 @@ def test_forgeries_earn_nothing_and_honest_work_earns_every_point(tmp_path):
     assert "does not parse" in rows["reads_course"]["detail"]
 
 
-# Two forgeries the sandbox cannot stop (each earned 3 of 3 points in a review): the checks
-# measure on the ranks, in the learner's process. The grader flags them for a human instead.
-PREDICTS = """import torch, torch.distributed as dist
-from labkit.lessons.all_reduce.check import _data
+# Two forgeries of the ring check's measurements, from the ranks themselves. PREDICTS computes
+# every rank's input instead of receiving it (from the fixed seeds the check once used, or
+# from its own seed taken as the base of its peers'), with chunk-sized sends of zeros for the
+# byte count. PATCHES_TO_DICT sums with dist.all_reduce and makes labkit's counter report a
+# ring; PATCHES_COUNTERS sends every rank's whole tensor to every other rank and then sets
+# the counter's fields to a ring's. The check's private seeds and the kernel's socket counts
+# catch each (the last at the second rank count: on 2 ranks it sends as much as a ring).
+PREDICTS = """import sys, torch, torch.distributed as dist
 def ring_all_reduce(ctx, tensor):
     n, r, chunk = ctx.world_size, ctx.rank, torch.zeros(tensor.numel() // ctx.world_size)
     for _ in range(2 * (n - 1)):  # chunk-sized sends of nothing, for the byte count
         dist.send(chunk, (r + 1) % n) if r % 2 == 0 else dist.recv(chunk, (r - 1) % n)
         dist.recv(chunk, (r - 1) % n) if r % 2 == 0 else dist.send(chunk, (r + 1) % n)
-    return sum(_data(k, n) for k in range(n))  # the check's inputs, from labkit's code
+    frame, own = sys._getframe(1), None
+    while frame is not None and not isinstance(own, int):
+        own, frame = frame.f_locals.get("seed"), frame.f_back
+    guesses = [[1_000 + k for k in range(n)]]
+    guesses += [[own - r + k for k in range(n)]] if isinstance(own, int) else []
+    for seeds in guesses:
+        data = [torch.randint(-8, 9, (tensor.numel(),),
+                              generator=torch.Generator().manual_seed(s)).float() for s in seeds]
+        if torch.equal(data[r], tensor):  # the guess gives this rank's own input
+            return sum(data)
+    return sum(data)
 """
-PATCHES_COUNTERS = """import torch.distributed as dist
-from labkit import check
+PATCHES_TO_DICT = """import torch.distributed as dist
+from labkit.lessons.exercise import wire
 def ring_all_reduce(ctx, tensor):
-    dist.all_reduce(tensor)
     n, size = ctx.world_size, tensor.nbytes
-    check.wire.Traffic.to_dict = lambda self: {"sent_bytes": 2 * (n - 1) * size // n,
-        "largest_send": size // n, "collectives": {}}
+    ring = {"sent_bytes": 2 * (n - 1) * size // n, "received_bytes": 2 * (n - 1) * size // n,
+            "sends": 2 * (n - 1), "recvs": 2 * (n - 1), "largest_send": size // n,
+            "collectives": {}}
+    wire.Traffic.to_dict = lambda self: dict(ring)
+    dist.all_reduce(tensor)
     return tensor
 """
+PATCHES_COUNTERS = """import sys, torch, torch.distributed as dist
+def ring_all_reduce(ctx, tensor):
+    n, r = ctx.world_size, ctx.rank
+    total, incoming = tensor.clone(), torch.empty_like(tensor)
+    for k in range(n):  # rank k sends its whole tensor to every other rank
+        for peer in range(n):
+            if k == r and peer != r:
+                dist.send(tensor, peer)
+        if k != r:
+            dist.recv(incoming, k)
+            total += incoming
+    frame = sys._getframe(1)
+    while "traffic" not in frame.f_locals:
+        frame = frame.f_back
+    counter = frame.f_locals["traffic"]
+    counter.sent_bytes = counter.received_bytes = 2 * (n - 1) * tensor.nbytes // n
+    counter.sends = counter.recvs = 2 * (n - 1)
+    counter.largest_send = tensor.nbytes // n
+    return tensor.copy_(total)
+"""
+
+
+def test_forged_measurements_earn_nothing(tmp_path):
+    folder = tmp_path / "submissions"
+    submission(folder / "predicts.ipynb", PREDICTS)
+    submission(folder / "patches_to_dict.ipynb", PATCHES_TO_DICT)
+    submission(folder / "patches_counters.ipynb", PATCHES_COUNTERS)
+    rows = grade_folder(folder, tmp_path / "grades.csv")
+    for name in ("predicts", "patches_to_dict", "patches_counters"):
+        assert rows[name]["points"] == "0", (name, rows[name])
+        assert rows[name]["exercise:ring_all_reduce_check"] == "failed", (name, rows[name])
+        assert rows[name]["status"] == "graded", (name, rows[name]["detail"])
+        assert rows[name]["review"], name  # each reaches into the checks: flagged too
+    assert "missing contributions" in rows["predicts"]["detail"], rows["predicts"]
+    for name in ("patches_to_dict", "patches_counters"):
+        assert "reported are not what crossed its sockets" in rows[name]["detail"], rows[name]
+    assert "on 4 ranks (it passed on 2" in rows["patches_counters"]["detail"]
 
 
 def test_answers_that_reach_into_the_checks_are_flagged_for_review():
     from labkit.classroom.answers import review_notes
     from tests.exercises import answer_source
 
-    assert "labkit.check" in review_notes(PREDICTS)
-    assert review_notes(PATCHES_COUNTERS)
+    assert "_getframe" in review_notes(PREDICTS)
+    assert "labkit.lessons.exercise" in review_notes(PATCHES_TO_DICT)
+    assert "f_locals" in review_notes(PATCHES_COUNTERS)
     assert review_notes("import gc\nf = sys._getframe(1).f_locals") == ["gc", "_getframe",
                                                                           "f_locals"]
     for notebook, answer in [("00_your_cluster", "ring_all_reduce_answer"),

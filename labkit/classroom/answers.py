@@ -21,19 +21,23 @@ _EXECUTED: dict[str, dict] = {}  # on a rank: the answers' namespaces, by their 
 _IN_CHECKER = False  # True in the checker's own process (mark_checker_process)
 
 
-# What an answer has no need of, and a forgery does: labkit's checks and their counters (a
-# check measures on the ranks, where the answer runs), and ways to reach them indirectly.
-SUSPECT = re.compile(r"labkit\.(?:check|comm|classroom|cluster)\w*|\b(?:gc|inspect|importlib|"
-                     r"ctypes|builtins)\b|_getframe|\bf_(?:locals|back|globals)\b|__import__|"
-                     r"sys\.modules|\bTraffic\b|\bCollectiveMeter\b|"
-                     r"from\s+labkit\s+import[^\n]*\b(?:check|comm|classroom|cluster)\b")
+# What an answer has no need of, and a forgery does: labkit's checks and their counters (some
+# of a check's measurements are made on the ranks, where the answer runs), and ways to reach
+# them indirectly.
+SUSPECT = re.compile(r"labkit\.(?:check|comm|classroom|cluster|lessons|runtime)[\w.]*|"
+                     r"\b(?:gc|inspect|importlib|ctypes|builtins)\b|_getframe|"
+                     r"\bf_(?:locals|back|globals)\b|__import__|sys\.modules|\bTraffic\b|"
+                     r"\bCollectiveMeter\b|from\s+labkit\s+import[^\n]*\b(?:check|comm|"
+                     r"classroom|cluster|lessons|runtime)\b")
 
 
 def review_notes(source: str) -> list[str]:
-    """What in an answer cell an instructor should read before trusting its points: the
-    checks measure on the ranks, in the learner's process, so an answer that reaches into
-    labkit's checks or counters (or into frames, modules, the garbage collector) can make
-    them see what it wants. A flag, never a verdict; an obfuscated forgery can avoid it."""
+    """What in an answer cell an instructor should read before trusting its points: much of
+    what a check measures is measured on the ranks, in the learner's process (not the ring
+    check's inputs and bytes: ``labkit/lessons/exercise/outside.py``), so an answer that
+    reaches into labkit's checks or counters (or into frames, modules, the garbage
+    collector) can make them see what it wants. A flag, never a verdict; an obfuscated
+    forgery can avoid it."""
     return list(dict.fromkeys(SUSPECT.findall(source)))
 
 

@@ -273,12 +273,18 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    write_grades(results, out)
+    return results
+
+
+def write_grades(results: list[Submission], out: Path) -> None:
+    """The grades file: one row per submission, every column any row has; written beside
+    ``out`` and moved onto it, so that it is never half-written, even if killed."""
     rows = [{key: _cell_text(value) for key, value in r.row().items()} for r in results]
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    partial = Path(f"{out}.partial")  # never a half-written grades file, even if killed
+    partial = Path(f"{out}.partial")
     with open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
     os.replace(partial, out)
-    return results

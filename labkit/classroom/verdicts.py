@@ -131,6 +131,62 @@ def _send_hidden(fd: int, hidden: list[str]) -> None:
         pass
 
 
+class _CheckerRun:
+    """One checker process, its two pipes (findings in, hidden tests out) and its output."""
+
+    def __init__(self, hidden: list[str], findings: Findings):
+        self.read_end, self.write_end = os.pipe()
+        self.hidden_read, self.hidden_write = os.pipe()
+        self.reader = threading.Thread(target=_read, args=(self.read_end, findings), daemon=True)
+        self.sender = threading.Thread(target=_send_hidden, args=(self.hidden_write, hidden),
+                                       daemon=True)
+        self.log, self.process = _Tail(), None
+
+    @property
+    def fds(self) -> tuple[int, int]:
+        """The checker's ends: where it writes its findings, where it reads hidden tests."""
+        return self.write_end, self.hidden_read
+
+    def start(self, argv: list[str], cwd: Path) -> None:
+        with _LOCK:
+            if _STOPPING.is_set():
+                raise Stopped("the grading was interrupted")
+            self.process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=list(self.fds), cwd=cwd, start_new_session=True)
+            _LIVE.add(self.process)
+        self.log.follow(self.process.stdout)
+        self.reader.start()
+        self.sender.start()
+
+    def close(self, cgroup, findings: Findings) -> None:
+        """Kill whatever the checker left (its cgroup, its process tree) and close the pipes."""
+        os.close(self.write_end)
+        os.close(self.hidden_read)
+        if not self.sender.is_alive() and not self.sender.ident:
+            os.close(self.hidden_write)
+        if cgroup is not None:
+            findings.limits = cgroup.events()
+            cgroup.kill()
+        if self.process is not None:
+            _kill_tree(self.process.pid)
+            self.process.wait()
+            with _LOCK:
+                _LIVE.discard(self.process)
+        if self.reader.ident:
+            self.reader.join(timeout=10)
+        else:  # never started (interrupted, or the sandbox could not start)
+            os.close(self.read_end)
+
+    def died(self) -> str:
+        """Why a checker that reported no ending stopped, from its last error line."""
+        errors = [line for line in self.log.text().splitlines() if "Error" in line][-1:]
+        code = self.process.returncode if self.process is not None else None
+        return ("the grader's run stopped before it finished (its checker was killed or "
+                f"crashed, exit status {code})"
+                + "".join(f": {line.strip()[:300]}" for line in errors))
+
+
 def run_checker(job: Path, hidden: list[str], timeout: float, sandboxed: bool = True,
                 limits: Limits = Limits()) -> Findings:
     """Run the checker on ``job/spec.json`` (``job`` also holds ``quizzes/``), ``hidden``: the
@@ -141,51 +197,18 @@ def run_checker(job: Path, hidden: list[str], timeout: float, sandboxed: bool = 
     spec_path = "/job/spec.json" if sandboxed else str(job / "spec.json")
     work = job / "work"
     work.mkdir(exist_ok=True)
-    read_end, write_end = os.pipe()
-    hidden_read, hidden_write = os.pipe()
-    reader = threading.Thread(target=_read, args=(read_end, findings), daemon=True)
-    sender = threading.Thread(target=_send_hidden, args=(hidden_write, hidden), daemon=True)
-    log = _Tail()
-    process = None
+    run = _CheckerRun(hidden, findings)
     try:
-        with _LOCK:
-            if _STOPPING.is_set():
-                raise Stopped("the grading was interrupted")
-            process = subprocess.Popen(
-                _command(job, spec_path, (write_end, hidden_read), sandboxed, limits, cgroup),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                pass_fds=[write_end, hidden_read], cwd=work, start_new_session=True)
-            _LIVE.add(process)
-        log.follow(process.stdout)
-        reader.start()
-        sender.start()
+        run.start(_command(job, spec_path, run.fds, sandboxed, limits, cgroup), work)
         try:
-            process.wait(timeout=timeout)
+            run.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             findings.ending, findings.detail = "timeout", (
                 f"stopped after {timeout:g} s (a cell or the notebook hung)")
     finally:
-        os.close(write_end)
-        os.close(hidden_read)
-        if not sender.is_alive() and not sender.ident:
-            os.close(hidden_write)
-        if cgroup is not None:
-            findings.limits = cgroup.events()
-            cgroup.kill()
-        if process is not None:
-            _kill_tree(process.pid)
-            process.wait()
-            with _LOCK:
-                _LIVE.discard(process)
-        if reader.ident:
-            reader.join(timeout=10)
-        else:  # never started (interrupted, or the sandbox could not start)
-            os.close(read_end)
+        run.close(cgroup, findings)
     if findings.ending == "died":
-        errors = [line for line in log.text().splitlines() if "Error" in line][-1:]
-        findings.detail = ("the grader's run stopped before it finished (its checker was "
-                           f"killed or crashed, exit status {process.returncode})"
-                           + "".join(f": {line.strip()[:300]}" for line in errors))
+        findings.detail = run.died()
     return findings
 
 

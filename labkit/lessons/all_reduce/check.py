@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from labkit.lessons.exercise.outside import (
+    SocketCount,
+    framing_allowed,
+    private_seeds,
+    reported_mismatch,
+)
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
 from labkit.lessons.exercise.wire import Traffic
@@ -27,13 +33,14 @@ HANG_HINT = ("With blocking dist.send and dist.recv, if every rank sends first, 
              "or let even ranks send first and odd ranks receive first.")
 
 
-def _data(rank: int, world_size: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(1_000 + rank)
+def _data(seed: int, world_size: int) -> torch.Tensor:
+    """A rank's input: integers in [-8, 8] as float32, from its private seed."""
+    generator = torch.Generator().manual_seed(seed)
     return torch.randint(-8, 9, (world_size * CHUNK_ELEMENTS,), generator=generator).float()
 
 
-def _job(ctx, fn) -> dict:
-    tensor = _data(ctx.rank, ctx.world_size).to(ctx.device)
+def _job(ctx, fn, seed: int) -> dict:
+    tensor = _data(seed, ctx.world_size).to(ctx.device)
     with Traffic() as traffic:
         out = fn(ctx, tensor)
     found = {"traffic": traffic.to_dict(), "out": None, "type": type(out).__name__,
@@ -43,6 +50,23 @@ def _job(ctx, fn) -> dict:
         found["out"] = out.detach().cpu()
         found["dtype_device"] = (str(out.dtype), str(out.device))
     return found
+
+
+_TRAFFIC = {"sent_bytes": int, "received_bytes": int, "sends": int, "recvs": int,
+            "largest_send": int, "collectives": dict}
+_FOUND = {"traffic": dict, "type": str, "input": tuple}
+
+
+def _well_formed(found) -> bool:
+    """Whether a rank's report has the shape ``_job`` gives it (a rank's code may change it)."""
+    def shaped(value, fields):
+        return isinstance(value, dict) and all(isinstance(value.get(k), kind)
+                                               for k, kind in fields.items())
+    if not shaped(found, _FOUND) or not shaped(found["traffic"], _TRAFFIC):
+        return False
+    out = found.get("out")
+    return out is None or (isinstance(out, torch.Tensor) and isinstance(
+        found.get("dtype_device"), tuple) and len(found["dtype_device"]) == 2)
 
 
 def _value_problem(rank: int, out, expected: torch.Tensor, own: torch.Tensor) -> str | None:
@@ -104,25 +128,57 @@ def ring_all_reduce(cluster, fn, timeout: float | None = None) -> CheckResult:
     return at_two_sizes(cluster, lambda: _check(cluster, fn, timeout))
 
 
-def _check(cluster, fn, timeout: float | None) -> CheckResult:
-    n = cluster.world_size
-    outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, timeout=timeout,
-                          hang_hint=HANG_HINT)
-    if outcome.verdict:
-        return outcome.verdict
-    ranks, inputs = outcome.values, [_data(r, n) for r in range(n)]
-    expected, nbytes = sum(inputs), inputs[0].nbytes
-    measured = {"sent_bytes": [r["traffic"]["sent_bytes"] for r in ranks],
-                "ring_bytes": 2 * (n - 1) / n * nbytes, "tensor_bytes": nbytes}
+def _wire_problems(ranks: list[dict], wire: SocketCount, on_wire: list[int] | None,
+                   nbytes: int, n: int) -> list[str]:
+    """The bytes the kernel counted on each rank's sockets (``on_wire``), beside what it
+    reported and what a ring needs (2(N-1) sends and as many receives, framed by gloo)."""
+    if on_wire is None:
+        return [wire.unmeasured()] if wire.required else []
+    ring = 2 * (n - 1) / n * nbytes
+    calls = 4 * (n - 1)  # up to twice a ring's 2(N-1) sends and as many receives
+    allowed = 1.01 * ring + framing_allowed(calls, calls)
+    problems = []
+    for rank, (r, sent) in enumerate(zip(ranks, on_wire, strict=True)):
+        t = r["traffic"]
+        if mismatch := reported_mismatch(rank, t["sent_bytes"], t["sends"], t["recvs"], sent):
+            problems.append(mismatch)
+        elif sent > allowed:
+            problems.append(f"{format_bytes(sent)} crossed rank {rank}'s sockets (the "
+                            f"kernel's count), more than a ring needs ({format_bytes(ring)} "
+                            "in 2(N-1) chunk-sized messages)")
+    return problems
+
+
+def _result_problems(ranks: list[dict], inputs: list[torch.Tensor]) -> list[str]:
+    expected = sum(inputs)
     problems = [f"rank {rank} returned {r['type']}, not a tensor: return the summed tensor"
                 for rank, r in enumerate(ranks) if r["out"] is None]
     problems += [f"rank {rank} returned its sum on {r['dtype_device'][1]}; the input was on "
                  f"{r['input'][1]}: return it on the rank's device (ctx.device)"
                  for rank, r in enumerate(ranks)
                  if r["out"] is not None and r["dtype_device"][1] != r["input"][1]]
-    problems += [p for rank, r in enumerate(ranks)
-                 if (p := _value_problem(rank, r["out"], expected, inputs[rank]))]
-    problems += _traffic_problems(ranks, nbytes, n)
+    return problems + [p for rank, r in enumerate(ranks)
+                       if (p := _value_problem(rank, r["out"], expected, inputs[rank]))]
+
+
+def _check(cluster, fn, timeout: float | None) -> CheckResult:
+    n = cluster.world_size
+    wire, seeds = SocketCount(cluster), private_seeds(n)
+    outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, seeds,
+                          timeout=timeout, hang_hint=HANG_HINT)
+    on_wire = wire.sent()
+    if outcome.verdict:
+        return outcome.verdict
+    ranks, inputs = outcome.values, [_data(seed, n) for seed in seeds.values]
+    nbytes = inputs[0].nbytes
+    if bad := [rank for rank, r in enumerate(ranks) if not _well_formed(r)]:
+        return failed(EXERCISE, f"rank {bad[0]} sent back a report that labkit's check does "
+                      "not write: its code on that rank changed the check's measurements")
+    measured = {"sent_bytes": [r["traffic"]["sent_bytes"] for r in ranks],
+                "ring_bytes": 2 * (n - 1) / n * nbytes, "tensor_bytes": nbytes,
+                "socket_bytes": on_wire}
+    problems = _result_problems(ranks, inputs) + _traffic_problems(ranks, nbytes, n)
+    problems = problems or _wire_problems(ranks, wire, on_wire, nbytes, n)
     if problems:
         return failed(EXERCISE, problems[0], problems[1:], **measured)
     return passed(EXERCISE, f"every rank holds the exact sum, and each sent "

@@ -13,7 +13,8 @@ Each layer is built from a copy of the ``nn.Linear`` (changing it in place, as
 parameters, whatever their names: a weight of (out/N, in) and a bias of (out/N,) for the
 column layer, (out, in/N) and (out,) for the row layer. Their gradients are compared with the
 matching slices of the whole layers' (a bias kept as a plain tensor would never train). The
-check runs at the cluster's rank count and at a second one.
+whole layers' values are computed by the check outside the ranks, from a seed drawn for each
+run. The check runs at the cluster's rank count and at a second one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import copy
 import torch
 from torch import nn
 
+from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
 from labkit.lessons.exercise.wire import Traffic
@@ -35,17 +37,19 @@ def _close(a, b) -> bool:
     return a is not None and a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def _job(ctx, column_class, row_class) -> dict:
+def _layers(seed: int):
+    """The two whole layers, the input and the loss's weight, on the CPU, from ``seed``:
+    (batch, in) -> (batch, hidden) -> (batch, out); the loss is (y * weight).sum()."""
+    torch.manual_seed(seed)
+    first, second = nn.Linear(D_IN, D_HIDDEN), nn.Linear(D_HIDDEN, D_OUT)
+    return first, second, torch.randn(BATCH, D_IN), torch.randn(BATCH, D_OUT)
+
+
+def _job(ctx, column_class, row_class, seed: int) -> dict:
+    """The learner's layers on this rank: what they computed, held and communicated (the
+    check compares it with the whole layers outside the ranks)."""
     n, r = ctx.world_size, ctx.rank
-    torch.manual_seed(0)
-    with torch.device(ctx.device):  # (batch, in) -> (batch, hidden) -> (batch, out)
-        first, second = nn.Linear(D_IN, D_HIDDEN), nn.Linear(D_HIDDEN, D_OUT)
-        x = torch.randn(BATCH, D_IN)
-        weight = torch.randn(BATCH, D_OUT)  # the loss is (y * weight).sum(): any gradient works
-    x_ref = x.clone().requires_grad_()
-    hidden_ref = first(x_ref)
-    (second(torch.relu(hidden_ref)) * weight).sum().backward()
-    y_ref = second(torch.relu(first(x))).detach()
+    first, second, x, weight = (t.to(ctx.device) for t in _layers(seed))
     column, row = column_class(copy.deepcopy(first), r, n), row_class(copy.deepcopy(second), r, n)
     x_mine = x.clone().requires_grad_()
     out = {}
@@ -58,29 +62,56 @@ def _job(ctx, column_class, row_class) -> dict:
     with Traffic() as traffic:
         (y * weight).sum().backward()
     out["backward"] = traffic.collectives
-    cols = slice(r * D_HIDDEN // n, (r + 1) * D_HIDDEN // n)
-    out["hidden_ok"] = _close(hidden.detach(), hidden_ref.detach()[:, cols])
-    out["hidden_shape"] = tuple(hidden.shape)
-    out["y_ok"] = _close(y.detach(), y_ref)
-    out["bias_times"] = ((y.detach() - y_ref) / second.bias.detach()).mean().item() + 1
-    out["x_grad_ok"] = _close(x_mine.grad, x_ref.grad)
-    out["held"] = {"column": _slices(column, first.weight.grad[cols], first.bias.grad[cols]),
-                   "row": _slices(row, second.weight.grad[:, cols], second.bias.grad)}
+    out["hidden"], out["y"] = hidden.detach().cpu(), y.detach().cpu()
+    out["x_grad"] = None if x_mine.grad is None else x_mine.grad.cpu()
+    out["params"] = {name: [(tuple(p.shape), None if p.grad is None else p.grad.cpu())
+                            for p in (m.parameters() if isinstance(m, nn.Module) else [])]
+                     for name, m in (("column", column), ("row", row))}
     return out
 
 
-def _slices(module, weight_grad, bias_grad) -> dict:
-    """Which of the layer's slices ``module`` holds as parameters (found by shape), whether
-    their gradients match, and the shapes of any other parameters it holds."""
-    params = list(module.parameters()) if isinstance(module, nn.Module) else []
+def _reference(seed: int) -> dict:
+    """The whole layers' output, the input's gradient and the weights' gradients."""
+    first, second, x, weight = _layers(seed)
+    x_ref = x.clone().requires_grad_()
+    hidden = first(x_ref)
+    y = second(torch.relu(hidden))
+    (y * weight).sum().backward()
+    return {"hidden": hidden.detach(), "y": y.detach(), "x_grad": x_ref.grad,
+            "first": first, "second": second}
+
+
+def _compared(found: dict, ref: dict, r: int, n: int) -> dict:
+    """One rank's findings, compared here with the whole layers (``_reference``)."""
+    first, second = ref["first"], ref["second"]
+    cols = slice(r * D_HIDDEN // n, (r + 1) * D_HIDDEN // n)
+    out = {k: found[k] for k in ("column_forward", "row_forward", "backward")}
+    out["hidden_ok"] = _close(found["hidden"], ref["hidden"][:, cols])
+    out["hidden_shape"] = tuple(found["hidden"].shape)
+    out["y_ok"] = _close(found["y"], ref["y"])
+    out["bias_times"] = (((found["y"] - ref["y"]) / second.bias.detach()).mean().item() + 1
+                         if found["y"].shape == ref["y"].shape else float("nan"))
+    out["x_grad_ok"] = _close(found["x_grad"], ref["x_grad"])
+    params = found["params"]
+    out["held"] = {"column": _slices(params["column"], first.weight.grad[cols],
+                                     first.bias.grad[cols]),
+                   "row": _slices(params["row"], second.weight.grad[:, cols], second.bias.grad)}
+    return out
+
+
+def _slices(params: list, weight_grad, bias_grad) -> dict:
+    """Which of the layer's slices the module holds as parameters (``params``: (shape,
+    gradient) of each, found by shape), whether their gradients match, and the shapes of any
+    other parameters it holds."""
     found, used = {}, set()
     for name, grad in (("weight", weight_grad), ("bias", bias_grad)):
-        match = [p for p in params if tuple(p.shape) == tuple(grad.shape) and id(p) not in used]
+        match = [i for i, (shape, _) in enumerate(params)
+                 if tuple(shape) == tuple(grad.shape) and i not in used]
         if len(match) == 1:
-            used.add(id(match[0]))
+            used.add(match[0])
         found[name] = {"shape": tuple(grad.shape), "held": len(match) == 1,
-                       "grad_ok": len(match) == 1 and _close(match[0].grad, grad)}
-    found["others"] = [tuple(p.shape) for p in params if id(p) not in used]
+                       "grad_ok": len(match) == 1 and _close(params[match[0]][1], grad)}
+    found["others"] = [tuple(shape) for i, (shape, _) in enumerate(params) if i not in used]
     return found
 
 
@@ -157,13 +188,19 @@ def tensor_parallel_linears(cluster, column_class, row_class,
 
 
 def _check(cluster, column_class, row_class, timeout: float | None) -> CheckResult:
-    n = cluster.world_size
+    n, seed = cluster.world_size, fresh_seed()
     outcome = run_checked(cluster, EXERCISE, "your layers", _job, column_class, row_class,
-                          timeout=timeout)
+                          seed, timeout=timeout)
     if outcome.verdict:
         return outcome.verdict
-    found = [(rank, p) for rank, r in enumerate(outcome.values) for p in _problems(r, n)]
-    measured = {k: outcome.values[0][k] for k in ("column_forward", "row_forward", "backward")}
+    ref = _reference(seed)
+    try:
+        values = [_compared(r, ref, rank, n) for rank, r in enumerate(outcome.values)]
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError):
+        return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
+                      "write: its code on that rank changed the check's measurements")
+    found = [(rank, p) for rank, r in enumerate(values) for p in _problems(r, n)]
+    measured = {k: values[0][k] for k in ("column_forward", "row_forward", "backward")}
     if found:
         messages = list(dict.fromkeys(p for _, p in found))
         return failed(EXERCISE, messages[0], messages[1:], **measured)

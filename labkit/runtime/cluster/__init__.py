@@ -8,8 +8,9 @@ from labkit.runtime.cluster.errors import (
     RanksRestartedWarning,
     RunTimeout,
 )
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.cluster.rank import RankContext
 from labkit.runtime.cluster.runs import RunResults
 
-__all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "RankContext", "RankError",
-           "RanksRestartedWarning", "RunResults", "RunTimeout"]
+__all__ = ["Cluster", "ClusterError", "OversubscriptionWarning", "PerRank", "RankContext",
+           "RankError", "RanksRestartedWarning", "RunResults", "RunTimeout"]

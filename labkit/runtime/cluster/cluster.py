@@ -12,19 +12,17 @@ from another thread), the next run finds working ranks.
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
 import time
 import warnings
 import weakref
 from datetime import timedelta
 
-import cloudpickle
-
 import labkit.runtime.cluster.hardware as hardware
 from labkit.runtime.cluster.collect import collect, describe, load_results
 from labkit.runtime.cluster.errors import ClusterError, RanksRestartedWarning, RunTimeout
 from labkit.runtime.cluster.launcher import choose_launcher
+from labkit.runtime.cluster.per_rank import jobs, payloads
 from labkit.runtime.cluster.placement import (
     cluster_line,
     job_options,
@@ -242,28 +240,25 @@ class Cluster:
         self._check_open()
         if not callable(fn):
             raise TypeError(f"run() needs a function fn(ctx, ...), got {fn!r}")
-        try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:
-            raise TypeError(f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments "
-                            f"to the ranks: {exc}") from exc
+        pickled = payloads(fn, args, kwargs, self.world_size)  # a PerRank: one per rank
         if not self._busy.acquire(timeout=-1 if deadline is None else timeout):
             raise RunTimeout(f"run did not start within {timeout} s: another run (another "
                              "thread or a widget) held the cluster all that time; nothing ran")
         try:
             self._check_open()
-            return self._run_locked(payload, deadline, timeout)
+            return self._run_locked(pickled, deadline, timeout)
         finally:
             self._busy.release()
 
-    def _run_locked(self, payload: bytes, deadline: float | None, timeout) -> RunResults:
+    def _run_locked(self, pickled: list[bytes], deadline: float | None,
+                    timeout) -> RunResults:
         started = time.monotonic()
         try:
             self._revive()  # (starting ranks has its own timeout, not the run's)
             if deadline is not None:
                 deadline += time.monotonic() - started
             self._job_id += 1
-            self._procs.send_all(pickle.dumps(("run", self._job_id, payload, job_options(self))))
+            self._procs.send_all(jobs(self._job_id, pickled, job_options(self)))
             progress = RunProgress(self.world_size, enabled=self.progress,
                                    listener=self._listeners.current())
             try:

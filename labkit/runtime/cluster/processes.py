@@ -104,12 +104,12 @@ class Processes:
             os.close(err_write)
         return handle
 
-    def send_all(self, message: bytes) -> None:
-        """A job to every rank (pickled once). A rank that cannot take it has died: the
-        collection that follows reports it as the cause."""
+    def send_all(self, messages: list[bytes]) -> None:
+        """A job to every rank, ``messages[rank]`` to each. A rank that cannot take it has
+        died: the collection that follows reports it as the cause."""
         for handle in self.ranks:
             try:
-                handle.conn.send_bytes(message)
+                handle.conn.send_bytes(messages[handle.rank])
             except OSError:
                 pass
 
