@@ -143,6 +143,42 @@ def test_the_public_api_is_small_and_every_name_loads():
         assert getattr(labkit, name) is not None, name
 
 
+_THREADS_PROBE = """
+import sys, threading, torch, labkit
+names = [n for n in dir(labkit) if not n.startswith("_")] * 2
+start, failed = threading.Barrier(len(names)), []
+def load(name):
+    start.wait()
+    try:
+        getattr(labkit, name)
+    except Exception as error:  # noqa: BLE001 - reported below
+        failed.append(f"{name}: {type(error).__name__}: {error}")
+threads = [threading.Thread(target=load, args=(name,)) for name in names]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(failed)
+"""
+
+
+def test_names_loaded_from_several_threads_at_once_all_load():
+    """A widget works off the kernel's thread: its first use of a name may meet another's."""
+    for _ in range(2):  # without the lock in labkit/__init__.py, one run in two or more fails
+        out = subprocess.run([sys.executable, "-c", _THREADS_PROBE], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "[]", out
+
+
+def test_a_misspelled_or_dotted_name_is_an_attribute_error_that_imports_nothing():
+    probe = ("import sys, labkit; before = set(sys.modules)\n"
+             "for name in ('Clusterr', 'trian', 'runtime.cluster', 'lessons.plots'):\n"
+             "    try: getattr(labkit, name); print('found', name)\n"
+             "    except AttributeError: pass\n"
+             "print(sorted(set(sys.modules) - before))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_a_lesson_module_s_figure_shows_in_a_kernel_without_labkit_plots():
     """A notebook that imports one lesson's plots (not ``labkit.plots``) still sees a bare
     Figure returned by a cell as an image."""
