@@ -24,22 +24,32 @@ def _module(path: Path) -> str:
 
 def _imports() -> dict[str, set[str]]:
     """module -> the labkit modules it imports (a name imported from a package counts as the
-    package's submodule when there is one)."""
+    package's submodule when there is one). Relative imports count, and so does a string that
+    names a labkit module (``importlib.import_module("labkit....")``, a list to preload)."""
     modules = {_module(p): p for p in LABKIT.rglob("*.py")}
     found: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            for target in targets:
+            for target in _targets(node, name, path):
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != name:
                     found[name].add(target)
     return found
+
+
+def _targets(node: ast.AST, name: str, path: Path) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+        module = node.module if not node.level else ".".join(filter(None, [base, node.module]))
+        return [module, *(f"{module}.{a.name}" for a in node.names)]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value.startswith("labkit.") and node.value.replace(".", "").isidentifier():
+            return [node.value]
+    return []
 
 
 def _package(module: str) -> str:
