@@ -109,11 +109,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_two_packages_import_each_other():
+    """Sibling packages, and a package and its subpackage too (``runtime/doctor.py`` once
+    imported ``runtime/cluster/``, whose launcher imports ``runtime/meshes.py``)."""
     graph: dict[str, set[str]] = defaultdict(set)
     for a, targets in _imports().items():
         for b in targets:
             pa, pb = _package(a), _package(b)
-            if pa != pb and not pb.startswith(pa + ".") and not pa.startswith(pb + "."):
+            if pa != pb and "labkit" not in (pa, pb):  # the door sits above every layer
                 graph[pa].add(pb)
     assert not _cycles(graph), _cycles(graph)
 
