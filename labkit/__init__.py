@@ -15,6 +15,7 @@ functions the notebooks call by name (``labkit.sweep_boundary``, ``labkit.scalin
 from __future__ import annotations
 
 import importlib
+import threading
 
 __version__ = "0.1.0"
 
@@ -66,20 +67,46 @@ _MODULES = {
 
 __all__ = sorted(_PUBLIC)
 
+# One name loads at a time. Python takes a submodule's import lock before its package's, so
+# two threads loading two names for the first time (say ``train`` and ``TrainReport``) can
+# each hold what the other waits for, and one of them gets a ``_DeadlockError`` or a
+# half-imported module. No labkit module reads a name of this one while it is imported, so
+# this lock is never awaited by an import that holds a module's lock.
+_LOADING = threading.RLock()
+
 
 def __getattr__(name: str):
+    with _LOADING:
+        if name in globals():  # another thread loaded it while this one waited
+            return globals()[name]
+        value = _load(name)
+        globals()[name] = value
+    return value
+
+
+# What a rank runs for ``labkit.train``: its zygote imports them once (about 1 s of CPU that
+# each rank would otherwise spend on its first job).
+_RANKS_PRELOAD = ("labkit.models", "labkit.training.loop")
+
+
+def _load(name: str):
+    if name == "Cluster":
+        from labkit.runtime.cluster.launcher import preload_in_ranks
+
+        preload_in_ranks(*_RANKS_PRELOAD)
     if name in _MODULES:
         value = importlib.import_module(_MODULES[name])
     elif name in _PUBLIC or name in _MORE:
         value = getattr(importlib.import_module(_PUBLIC.get(name) or _MORE[name]), name)
     else:
+        if not name.isidentifier():  # getattr(labkit, "runtime.cluster") is no attribute
+            raise AttributeError(f"module 'labkit' has no attribute {name!r}")
         try:
             value = importlib.import_module(f"labkit.{name}")
         except ModuleNotFoundError as error:
             if error.name != f"labkit.{name}":
                 raise
             raise AttributeError(f"module 'labkit' has no attribute {name!r}") from None
-    globals()[name] = value
     return value
 
 

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                       "their results and quiz scores to a CSV"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from labkit.runtime.doctor import main as doctor
+        from labkit.runtime.cluster.doctor import main as doctor
 
         return doctor()
     if args.command == "release":

@@ -3,13 +3,25 @@ assertion of runs that must train as one device."""
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-import labkit
+# An editable install of another checkout (the shared venv's) puts a finder on sys.meta_path
+# that serves every labkit.<name> this checkout lacks from that checkout: a test or notebook
+# still naming a moved module would import the other checkout's code and pass. Here only this
+# checkout's labkit can be imported (subprocesses keep the venv's finder).
+sys.meta_path[:] = [finder for finder in sys.meta_path
+                    if not getattr(finder, "__module__", "").startswith("__editable___labkit")]
+
+import labkit  # noqa: E402 - after the finder is gone
+
+assert Path(labkit.__file__).resolve().parent.parent == Path(__file__).resolve().parent.parent, \
+    f"labkit is imported from {labkit.__file__}, not from this checkout"
 
 
 def descendants() -> set[int]:

@@ -13,7 +13,7 @@ import labkit
 from labkit.models import DLRMConfig
 from labkit.models.metrics import auc
 from labkit.parallel.embedding import (
-    PlanError,
+    PlacementError,
     auc_curve,
     dlrm_plan,
     held_out_auc,
@@ -65,7 +65,7 @@ def test_planner_never_exceeds_the_cap_when_a_placement_exists():
         possible = _any_placement_fits(costs, world_size, capacity - reserved)
         try:
             plan = plan_tables(costs, world_size, capacity, reserved)
-        except PlanError:
+        except PlacementError:
             assert not possible
             continue
         assert max(plan.total_bytes) <= capacity
@@ -86,7 +86,7 @@ def test_planner_balances_largest_first_and_says_why():
 
 
 def test_planner_says_what_to_change_when_nothing_fits():
-    with pytest.raises(PlanError, match="add ranks"):
+    with pytest.raises(PlacementError, match="add ranks"):
         plan_tables([40, 40], world_size=2, capacity_bytes=30, reserved_bytes=5)
 
 

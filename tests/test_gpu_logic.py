@@ -167,7 +167,7 @@ def test_the_collective_timeout_is_set_from_the_cluster():
 
 
 def test_the_doctor_checks_a_lone_gpu(monkeypatch):
-    from labkit.runtime import doctor
+    from labkit.runtime.cluster import doctor
 
     smoked = []
     monkeypatch.setattr(doctor, "gpu_count", lambda: 1)

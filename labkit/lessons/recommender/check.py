@@ -17,7 +17,7 @@ import torch
 
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
-from labkit.parallel.embedding.placement import PlanError, plan_tables
+from labkit.parallel.embedding.placement import PlacementError, plan_tables
 from labkit.runtime.memory import DeviceOOM, format_bytes
 
 EXERCISE = "place_tables"
@@ -86,7 +86,7 @@ def _valid(placement, table_bytes, world_size) -> str | None:
 def _planner(table_bytes, world_size, capacity) -> str:
     try:
         plan = plan_tables(table_bytes, world_size, capacity)
-    except PlanError as error:
+    except PlacementError as error:
         return f"the planner finds no placement: {error}"
     return (f"the planner's {plan.method} placement {plan.tables_per_rank} fits "
             f"({', '.join(format_bytes(b) for b in plan.rank_bytes)} per rank)")

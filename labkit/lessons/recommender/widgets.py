@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from labkit.lessons.memory_wall.plots import _scale
 from labkit.lessons.recommender.plots import PART_COLORS, PART_LABELS
-from labkit.parallel.embedding.placement import PlanError
+from labkit.parallel.embedding.placement import PlacementError
 from labkit.parallel.embedding.results import memory_by_part
 from labkit.parallel.embedding.sizing import dlrm_plan
 from labkit.runtime.memory.oom import DeviceOOM
@@ -48,7 +48,7 @@ class RecommenderExplorer:
             try:
                 plan = dlrm_plan(config, world_size, self.capacity,
                                  row_wise=self.strategy == "row_wise")
-            except PlanError:
+            except PlacementError:
                 plan = dlrm_plan(config, world_size, self.capacity, row_wise=True)
             out = {"plan": plan, "plan_fits": plan.fits, "report": self._reports.get(key),
                    "oom": None}

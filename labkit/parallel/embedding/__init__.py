@@ -19,7 +19,7 @@ the reports.
 
 from labkit.parallel.embedding.evaluate import evaluate_on_ranks, held_out_auc, held_out_batch
 from labkit.parallel.embedding.observe import TableObserver
-from labkit.parallel.embedding.placement import PlanError, TablePlan, plan_tables
+from labkit.parallel.embedding.placement import PlacementError, TablePlan, plan_tables
 from labkit.parallel.embedding.results import (
     auc_curve,
     collectives,
@@ -32,7 +32,7 @@ from labkit.parallel.embedding.sharded_dlrm import ShardedDLRM
 from labkit.parallel.embedding.sizing import ModelParts, dlrm_plan, model_parts, training_bytes
 from labkit.parallel.embedding.tables import shard_tables, sync_table_gradients, table_plan
 
-__all__ = ["ModelParts", "PlanError", "ShardedDLRM", "TableObserver", "TablePlan", "auc_curve",
+__all__ = ["ModelParts", "PlacementError", "ShardedDLRM", "TableObserver", "TablePlan", "auc_curve",
            "collectives", "dlrm_plan", "evaluate_on_ranks", "held_out_auc", "held_out_batch",
            "memory_by_part", "merged_weights", "model_parts", "plan_tables", "shard_tables",
            "speed_summary", "sync_table_gradients", "table_plan", "time_split",

@@ -11,7 +11,7 @@ in flight, and then:
 3. if greedy leaves a table without a rank but the count is small, an exact search over
    placements finds one when one exists;
 4. if no whole placement exists, the largest whole table is made row-wise and 2-3 repeat;
-5. if even every table row-wise does not fit, ``PlanError`` says what would.
+5. if even every table row-wise does not fit, ``PlacementError`` says what would.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ EXACT_SEARCH_MAX_TABLES = 12  # exact search is exponential: only for a few tabl
 EXACT_SEARCH_MAX_NODES = 200_000
 
 
-class PlanError(ValueError):
+class PlacementError(ValueError):
     """No placement keeps every rank under its capacity."""
 
 
@@ -160,7 +160,7 @@ def plan_tables(table_bytes: list[int], world_size: int, capacity_bytes: int | N
     """Place tables of training cost ``table_bytes`` (weights + gradients + optimizer state)
     on ``world_size`` ranks of ``capacity_bytes`` each, ``reserved_bytes`` of which go to the
     rest of the model. ``table_rows`` (for exact row-wise shares) defaults to one row per byte.
-    Raises ``PlanError`` when even splitting every table by rows does not fit."""
+    Raises ``PlacementError`` when even splitting every table by rows does not fit."""
     n, rows = world_size, table_rows or list(table_bytes)
     budget = math.inf if capacity_bytes is None else capacity_bytes - reserved_bytes
     cap_text = "no cap" if capacity_bytes is None else f"cap {format_bytes(capacity_bytes)}"
@@ -175,7 +175,7 @@ def plan_tables(table_bytes: list[int], world_size: int, capacity_bytes: int | N
     while True:
         shares = sum(row_shard_bytes(table_bytes[t], rows[t], n) for t in row_wise)
         if shares > budget:
-            raise PlanError(_no_fit(shares, n, reserved_bytes, capacity_bytes))
+            raise PlacementError(_no_fit(shares, n, reserved_bytes, capacity_bytes))
         costs = {t: b for t, b in enumerate(table_bytes) if t not in row_wise}
         placed = _greedy(costs, [shares] * n, budget)
         if placed is None and len(costs) <= EXACT_SEARCH_MAX_TABLES:

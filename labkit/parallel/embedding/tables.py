@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
-from labkit.parallel.embedding.placement import PlanError, TablePlan
+from labkit.parallel.embedding.placement import PlacementError, TablePlan
 from labkit.parallel.embedding.row_sharded import RowShardedEmbedding
 from labkit.parallel.embedding.sharded_dlrm import ShardedDLRM
 from labkit.parallel.embedding.sizing import dlrm_plan
@@ -37,7 +37,7 @@ def table_plan(config, layout, tables: str, memory) -> TablePlan:
         return dlrm_plan(group_config, layout.fsdp, capacity, row_wise=True)
     try:
         return dlrm_plan(group_config, layout.fsdp, capacity)
-    except PlanError as error:
+    except PlacementError as error:
         return dlrm_plan(group_config, layout.fsdp, capacity,
                          row_wise=f"{error}; tried anyway")
 

@@ -23,9 +23,15 @@ import time
 import warnings
 
 LAUNCHERS = ("auto", "fork", "fresh")
-# Imported once by the zygote so that every forked rank has them for free.
-ZYGOTE_PRELOAD = ("torch", "torch.distributed", "cloudpickle", "psutil",
-                  "labkit.runtime.cluster.rank", "labkit.runtime.memory", "labkit.models")
+# Imported once by the zygote so that every forked rank has them for free; the layers above
+# add what their jobs run (``preload_in_ranks``), so that a rank does not import it itself.
+ZYGOTE_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "psutil",
+                  "labkit.runtime.cluster.rank", "labkit.runtime.memory"]
+
+
+def preload_in_ranks(*modules: str) -> None:
+    """Have every zygote started from now on import ``modules`` before it forks a rank."""
+    ZYGOTE_PRELOAD.extend(m for m in modules if m not in ZYGOTE_PRELOAD)
 
 
 def fork_unsafe_reason(device: str) -> str | None:

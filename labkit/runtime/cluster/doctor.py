@@ -14,7 +14,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from labkit.runtime.cluster import Cluster
+from labkit.runtime.cluster.cluster import Cluster
 from labkit.runtime.cluster.hardware import gpu_count, physical_cores
 
 
