@@ -9,6 +9,7 @@ import _thread
 import copy
 import sys
 import threading
+import time
 
 import cloudpickle
 import pytest
@@ -101,11 +102,16 @@ def test_code_for_two_ranks_fails_on_four_and_the_cluster_gets_its_size_back(two
     assert "2x the whole batch's" in message
     assert two.world_size == 2
     # interrupted (the kernel's stop button) while the second size hangs: 2 ranks again
-    timer = threading.Timer(4, _thread.interrupt_main)  # the 2-rank run passed by then
-    timer.start()
+    def interrupt_the_second_size():
+        deadline = time.monotonic() + 60
+        while two.world_size != 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the 4-rank job is sent, and hangs
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_the_second_size, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         labkit.check.ring_all_reduce(two, hangs_on_four, timeout=20)
-    timer.cancel()
     assert two.world_size == 2
     verdict(labkit.check.ring_all_reduce, two, ring_reference(), status="passed")
 
