@@ -4,6 +4,8 @@ Pure arithmetic: no rank starts here."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,16 @@ def test_cp_sits_between_fsdp_and_tp():
     assert str(layout) == "dp2 x cp2 x tp2" and layout.data_size == 2
     with pytest.raises(ValueError, match="cp=0"):
         Layout(cp=0)
+
+
+def test_an_engine_choice_given_to_layout_says_where_it_goes():
+    """Layout holds the degrees only: an engine choice there names the TrainConfig field."""
+    with pytest.raises(TypeError, match=r"degrees only; schedule='gpipe' is chosen beside it: "
+                       r"labkit.train\(cluster, layout=labkit.Layout\(pp=2\), schedule='gpipe'\)"):
+        Layout(pp=2, schedule="gpipe")
+    for name in ("dp_kind", "tables", "cp_engine"):
+        with pytest.raises(TypeError, match=f"{name}='x' is chosen beside it"):
+            Layout(dp=2, **{name: "x"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dpp'"):
+        Layout(dpp=2)
+    assert pickle.loads(pickle.dumps(Layout(dp=2, tp=2))) == Layout(dp=2, tp=2)

@@ -39,6 +39,7 @@ import numbers
 from dataclasses import dataclass
 
 MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
+ENGINE_FIELDS = ("schedule", "dp_kind", "tables", "cp_engine")  # TrainConfig's, not a Layout's
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,19 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+
+    def __new__(cls, *args, **kwargs):
+        # engine choices are TrainConfig fields: say where one given here goes
+        moved = {n: kwargs[n] for n in ENGINE_FIELDS if n in kwargs}
+        if moved:
+            degrees = ", ".join(f"{n}={v!r}" for n, v in kwargs.items() if n not in moved)
+            choices = ", ".join(f"{n}={v!r}" for n, v in moved.items())
+            planner = ("" if "cp_engine" in moved else
+                       f"; the planner's: labkit.plan.Parallelism(layout, {choices})")
+            raise TypeError(f"Layout holds the degrees only; {choices} is chosen beside it: "
+                            f"labkit.train(cluster, layout=labkit.Layout({degrees}), "
+                            f"{choices}) (a TrainConfig field{planner})")
+        return super().__new__(cls)
 
     def __post_init__(self):
         for dim in (*MESH_ORDER, "ep"):
