@@ -126,3 +126,20 @@ def _grad_sync(config, world_size: int) -> list[str]:
 def test_gradient_sync_is_a_list_of_named_steps(model, layout, choices, steps):
     config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, **choices)
     assert _grad_sync(config, layout.size) == steps
+
+
+@pytest.mark.parametrize("name, label, engines", [
+    ("gpipe", "1 device (gpipe)", Engines(schedule="gpipe")),
+    ("naive", "1 device (naive)", Engines(dp_kind="naive")),
+])
+def test_a_report_saved_before_runs_were_resolved_loads(name, label, engines):
+    """Reports saved by b5ce528 (config, world_size, device and backend at the top, the
+    engine choices inside the layout) load as the run they were: the choice beside the
+    degrees, the engines filled in, the records as saved."""
+    path = REPO / "tests" / "data" / f"report_b5ce528_{name}_1rank.json"
+    report = labkit.TrainReport.load(path)
+    assert report.config.layout == Layout() and report.config.label == label
+    assert report.run.engines == engines and report.world_size == 1
+    assert report.device == "cpu" and report.backend == "gloo" and len(report.losses) == 2
+    again = labkit.TrainReport.from_dict(report.to_dict())
+    assert again.run == report.run and again.losses == report.losses

@@ -127,7 +127,11 @@ class TrainConfig:
     def from_dict(cls, data: dict) -> TrainConfig:
         data = dict(data)
         model = dict(data.pop("model"))
-        layout = data.pop("layout", None)
+        layout = dict(data.pop("layout", None) or {}) or None
+        for name in ("schedule", "dp_kind", "tables"):  # saved inside the layout before
+            choice = (layout or {}).pop(name, None)
+            if choice is not None and data.get(name) is None:
+                data[name] = choice
         return cls(model=config_for(model.pop("name"), **model),
                    layout=Layout(**layout) if layout is not None else None, **data)
 

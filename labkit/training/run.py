@@ -75,7 +75,8 @@ class Run:
                    data["backend"])
 
 
-def _layout(config: TrainConfig, world_size: int) -> tuple[Layout, dict[str, str]]:
+def layout_and_choices(config: TrainConfig, world_size: int
+                       ) -> tuple[Layout, dict[str, str]]:
     """The config's layout and engine choices, or its strategy's preset."""
     if config.layout is None:
         return preset(config.strategy, world_size)
@@ -92,7 +93,7 @@ def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
     if not isinstance(config, TrainConfig):
         raise TypeError(f"resolve takes a labkit.TrainConfig, not {config!r}")
     check_fields(config)
-    layout, choices = _layout(config, world_size)
+    layout, choices = layout_and_choices(config, world_size)
     check_engine_choices(layout, **choices)
     cp_engine = resolve_engine(config.cp_engine, device_type) if layout.cp > 1 else None
     engines = engines_for(layout, **choices, cp_engine=cp_engine)
