@@ -11,7 +11,6 @@ from labkit.runtime.comm.clock import clock_for
 from labkit.runtime.memory.capacity import on_host
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.mesh import GroupLabels, mesh_for
-from labkit.training.run import Engines, Run
 
 
 @dataclass
@@ -29,7 +28,7 @@ class ParallelContext:
     world_size: int
     device: torch.device
     memory: Any  # a MemoryTracker
-    run: Run
+    run: Any  # training/run.py's Run (not imported: labkit.training imports build)
     mesh: Any  # a DeviceMesh with dimensions ("pp", "dp", "fsdp", "cp", "tp")
     clock: Any  # comm.clock.HostClock or DeviceClock
     progress: Any = None  # progress(done, total, label), or None
@@ -43,7 +42,7 @@ class ParallelContext:
         return self.run.layout
 
     @property
-    def engines(self) -> Engines:
+    def engines(self):
         return self.run.engines
 
     @property
@@ -75,7 +74,7 @@ class ParallelContext:
             self.progress(done, total, label)
 
 
-def parallel_context(ctx, run: Run) -> ParallelContext:
+def parallel_context(ctx, run) -> ParallelContext:
     """On a rank of a cluster (``ctx``: its ``RankContext``), the ``ParallelContext`` of
     ``run`` (resolved). Every rank must call it (the first time, it builds the mesh)."""
     return ParallelContext(ctx.rank, ctx.world_size, ctx.device, ctx.memory, run,
