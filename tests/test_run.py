@@ -143,3 +143,47 @@ def test_a_report_saved_before_runs_were_resolved_loads(name, label, engines):
     assert report.device == "cpu" and report.backend == "gloo" and len(report.losses) == 2
     again = labkit.TrainReport.from_dict(report.to_dict())
     assert again.run == report.run and again.losses == report.losses
+
+
+class _Ranks:
+    """What run_cells and checked read of a cluster (no rank starts)."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.device, self.backend = world_size, "cpu", "gloo"
+
+    def resize(self, n: int) -> None:
+        self.world_size = n
+
+    def resized(self, n: int):
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            before, self.world_size = self.world_size, n
+            yield
+            self.world_size = before
+        return scope()
+
+
+def test_a_sweep_resolves_each_cell_once(monkeypatch):
+    """run_cells resolves every cell up front and hands each its Run: labkit.train and
+    estimate_memory take it as it is (no second resolve per cell)."""
+    from labkit.training import api
+    from labkit.training.sweep import run_cells
+
+    calls = []
+    monkeypatch.setattr(api, "resolve", lambda *a, **k: calls.append(a) or resolve(*a, **k))
+    config = labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8)
+    got = run_cells(_Ranks(1), [(1, config.replace(strategy="single")), (2, config)],
+                    lambda cluster, run: (api.checked(cluster, run), cluster.world_size))
+    assert len(calls) == 2 and [g[1] for g in got] == [1, 2]
+    assert [g[0].world_size for g in got] == [1, 2] and got[1][0].engines.dp_kind == "ddp"
+
+
+def test_train_takes_a_run_resolved_for_its_ranks_only():
+    run = resolve(labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8), 2)
+    with pytest.raises(ValueError, match="resolved for 2 cpu ranks over gloo, and the cluster "
+                                         "has 4 cpu ranks"):
+        labkit.train(_Ranks(4), run)
+    with pytest.raises(TypeError, match="give a TrainConfig to change steps"):
+        labkit.train(_Ranks(2), run, steps=3)
