@@ -91,13 +91,16 @@ def _names_used(path: Path) -> set[str]:
 
 def test_no_module_but_run_py_resolves_or_checks_a_run():
     """The layout is worked out and the rules are applied in ``training/run.py`` only: no
-    other module calls the rules, picks a preset for a config or decides a cp engine."""
+    other module calls the rules, picks a preset for a config or decides a cp engine. The
+    planner's ``Parallelism`` (no run: a projection) calls the engine rules alone, the same
+    function, so that it refuses what no run can run."""
     checks = {"check_run", "check_fields", "check_engine_choices", "check_debug_env",
               "resolve_engine", "layout_for", "engine_on"}
     own = {REPO / "labkit/training/run.py", REPO / "labkit/training/rules.py",
            REPO / "labkit/parallel/context/engine.py"}
     found = {str(p.relative_to(REPO)): sorted(_names_used(p) & checks)
              for p in (REPO / "labkit").rglob("*.py") if p not in own}
+    assert found.pop("labkit/plan/parallelism.py") == ["check_engine_choices"]
     assert {p: names for p, names in found.items() if names} == {}
 
 
@@ -187,3 +190,16 @@ def test_train_takes_a_run_resolved_for_its_ranks_only():
         labkit.train(_Ranks(4), run)
     with pytest.raises(TypeError, match="give a TrainConfig to change steps"):
         labkit.train(_Ranks(2), run, steps=3)
+
+
+def test_a_run_changed_after_it_was_resolved_is_not_trained():
+    import dataclasses
+
+    run = resolve(labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8), 2)
+    assert run.checked and not Run.from_dict(run.to_dict()).checked
+    for changed in (dataclasses.replace(run, layout=Layout(tp=2)), run.replace(world_size=2)):
+        assert not changed.checked
+        with pytest.raises(ValueError, match="changed or rebuilt after it was resolved"):
+            labkit.train(_Ranks(2), changed)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.layout = Layout(tp=2)

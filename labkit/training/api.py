@@ -37,6 +37,10 @@ def _same_ranks(run: Run, cluster, world_size: int, fields: dict) -> Run:
     if fields:
         raise TypeError(f"a resolved Run trains as it was resolved: give a TrainConfig to "
                         f"change {', '.join(fields)}")
+    if not run.checked:
+        raise ValueError("this Run was changed or rebuilt after it was resolved (replace, "
+                         "from_dict), so nothing checked it: give its TrainConfig "
+                         "(labkit.train(cluster, run.config))")
     where = (world_size, cluster.device, cluster.backend)
     if (run.world_size, run.device_type, run.backend) != where:
         raise ValueError(f"the run was resolved for {run.world_size} {run.device_type} ranks "

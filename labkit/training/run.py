@@ -20,7 +20,7 @@ torchtitan builds its ``ParallelDims`` once from the job config and passes it ev
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from labkit.parallel.context.engine import resolve_engine
 from labkit.training.config import TrainConfig
@@ -39,7 +39,9 @@ from labkit.training.rules import (
 class Run:
     """A run, resolved: what to train, its degrees, its engines and where it runs.
 
-    Made by :func:`resolve` (checked) or :meth:`from_dict` (on the ranks: not checked again).
+    Made by :func:`resolve` (checked: ``checked`` is True) or :meth:`from_dict` (on the
+    ranks: not checked again). A copy (``replace``, ``dataclasses.replace``) is unchecked,
+    and ``labkit.train`` refuses it.
     """
 
     config: TrainConfig
@@ -48,6 +50,8 @@ class Run:
     world_size: int
     device_type: str = "cpu"
     backend: str = "gloo"
+    # set by resolve alone: a copy (dataclasses.replace, from_dict) is not a checked run
+    checked: bool = field(default=False, init=False, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -100,4 +104,5 @@ def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
     run = Run(config, layout, engines, world_size, device_type, backend)
     check_run(run)
     check_debug_env(run, debug)
+    object.__setattr__(run, "checked", True)
     return run
