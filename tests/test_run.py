@@ -203,3 +203,13 @@ def test_a_run_changed_after_it_was_resolved_is_not_trained():
             labkit.train(_Ranks(2), changed)
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.layout = Layout(tp=2)
+
+
+def test_a_run_resolved_without_its_checkpoint_folder_made_absolute_is_refused(tmp_path):
+    from labkit.training.api import checked
+
+    config = labkit.TrainConfig(model="mlp", global_batch=8, checkpoint_dir="ckpt")
+    with pytest.raises(ValueError, match="'ckpt' is not an absolute path"):
+        labkit.train(_Ranks(1), resolve(config, 1))
+    run = checked(_Ranks(1), config)
+    assert Path(run.config.checkpoint_dir).is_absolute() and checked(_Ranks(1), run) is run

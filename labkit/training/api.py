@@ -41,6 +41,10 @@ def _same_ranks(run: Run, cluster, world_size: int, fields: dict) -> Run:
         raise ValueError("this Run was changed or rebuilt after it was resolved (replace, "
                          "from_dict), so nothing checked it: give its TrainConfig "
                          "(labkit.train(cluster, run.config))")
+    if resolved(run.config) != run.config:  # resolve() alone leaves "~/ckpt" as it is
+        raise ValueError(f"the run's checkpoint_dir {run.config.checkpoint_dir!r} is not an "
+                         f"absolute path the ranks can all find: resolve it with "
+                         f"labkit.training.api.checked(cluster, config), or give the config")
     where = (world_size, cluster.device, cluster.backend)
     if (run.world_size, run.device_type, run.backend) != where:
         raise ValueError(f"the run was resolved for {run.world_size} {run.device_type} ranks "
