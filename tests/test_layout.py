@@ -217,6 +217,9 @@ def test_an_engine_choice_given_to_layout_says_where_it_goes():
     with pytest.raises(TypeError, match="unexpected keyword argument 'dpp'"):
         Layout(dpp=2)
     assert pickle.loads(pickle.dumps(Layout(dp=2, tp=2))) == Layout(dp=2, tp=2)
+    import inspect  # what a notebook's help shows: the degrees, not (*args, **kwargs)
+
+    assert list(inspect.signature(Layout).parameters) == ["dp", "fsdp", "tp", "pp", "cp", "ep"]
 
 
 def test_a_new_layout_runs_with_its_own_engines():
