@@ -20,7 +20,7 @@ from labkit.runtime.cluster import RankError
 class StandInCluster:
     """What ``KillSwitch`` uses of a cluster; ``run`` is the test's ``script(listener)``."""
 
-    world_size, device, progress, closed = 2, "cpu", False, False
+    world_size, device, backend, progress, closed = 2, "cpu", "gloo", False, False
 
     def __init__(self, script):
         self.script, self.listener = script, None
