@@ -129,3 +129,21 @@ def test_a_folder_that_cannot_be_made_is_a_checkpoint_error():
     """/proc refuses a new folder to everyone (root too, whom os.access lets through)."""
     with pytest.raises(CheckpointError, match="cannot be made or written to"):
         CheckpointLock("/proc/labkit-checkpoints").take()
+
+
+@pytest.mark.parametrize("saved, resumed", [
+    ({"strategy": "zero1"}, {"layout": labkit.Layout(dp=2), "dp_kind": "zero1"}),
+    ({"layout": labkit.Layout(pp=2), "schedule": "gpipe"}, {"strategy": "gpipe"}),
+    ({"strategy": "naive_dp"}, {"layout": labkit.Layout(dp=2), "dp_kind": "naive"})],
+    ids=["zero1-to-layout", "layout-to-gpipe", "naive_dp-to-layout"])
+def test_a_strategy_and_its_layout_resume_each_other(two, tmp_path, saved, resumed):
+    """A strategy name and the layout + engine choices it stands for are one run: a
+    checkpoint of one resumes the other bit for bit; another run's is still refused."""
+    reference = labkit.train(two, _config(**saved), estimate=False)
+    labkit.train(two, _config(**saved, steps=2, checkpoint_dir=tmp_path), estimate=False)
+    report = labkit.train(two, _config(**resumed, checkpoint_dir=tmp_path), estimate=False)
+    _resumed(report, 2)
+    _assert_identical(reference, report)
+    other = _config(**resumed, checkpoint_dir=tmp_path, lr=1e-2)  # same layout, other run
+    with pytest.raises(CheckpointError, match="another run.*lr=0.001 there, 0.01 here"):
+        labkit.train(two, other, estimate=False)

@@ -40,6 +40,16 @@ def test_cp_trains_as_one_device(four, reference, layout):
         assert abs(peak - report.estimate["per_rank"][0]) <= 0.02 * peak, (rank, peak)
 
 
+def test_naive_dp_then_cp_trains_as_one_device(four, reference):
+    """The hand-written sync steps composed: the mean over dp, then over cp (Built.grad_sync,
+    training/build/sync.py), is one device's step."""
+    with four.resized(4):
+        report = labkit.train(four, labkit.TrainConfig(model=GPT, layout=Layout(dp=2, cp=2),
+                                                       dp_kind="naive", **SGD))
+    assert report.run.engines.dp_kind == "naive"
+    assert_trains_as(reference, report)
+
+
 def test_activation_memory_per_rank_falls_with_cp(four):
     long = GPTConfig(vocab_size=64, seq_len=256, d_model=32, n_heads=2, n_layers=2)
     config = labkit.TrainConfig(model=long, global_batch=2, steps=2, optimizer="sgd")

@@ -4,6 +4,8 @@ Pure arithmetic: no rank starts here."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,35 @@ def test_cp_sits_between_fsdp_and_tp():
     assert str(layout) == "dp2 x cp2 x tp2" and layout.data_size == 2
     with pytest.raises(ValueError, match="cp=0"):
         Layout(cp=0)
+
+
+def test_an_engine_choice_given_to_layout_says_where_it_goes():
+    """Layout holds the degrees only: an engine choice there names the TrainConfig field."""
+    with pytest.raises(TypeError, match=r"degrees only; schedule='gpipe' is chosen beside it: "
+                       r"labkit.train\(cluster, layout=labkit.Layout\(pp=2\), schedule='gpipe'\)"):
+        Layout(pp=2, schedule="gpipe")
+    for name in ("dp_kind", "tables", "cp_engine"):
+        with pytest.raises(TypeError, match=f"{name}='x' is chosen beside it"):
+            Layout(dp=2, **{name: "x"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dpp'"):
+        Layout(dpp=2)
+    assert pickle.loads(pickle.dumps(Layout(dp=2, tp=2))) == Layout(dp=2, tp=2)
+    import inspect  # what a notebook's help shows: the degrees, not (*args, **kwargs)
+
+    assert list(inspect.signature(Layout).parameters) == ["dp", "fsdp", "tp", "pp", "cp", "ep"]
+
+
+def test_a_new_layout_runs_with_its_own_engines():
+    """``replace(layout=...)`` drops the engine choices not given with it, as a strategy
+    name does: a gpipe pipeline's config given dp=2 trains DDP, not a one-stage pipeline
+    over replicas; choices given with the new layout stay."""
+    piped = labkit.TrainConfig(layout=Layout(pp=2), schedule="gpipe", micro_batches=2)
+    moved = piped.replace(layout=Layout(dp=2))
+    assert moved.schedule is None and resolve(moved, 2).engines == resolve(
+        labkit.TrainConfig(layout=Layout(dp=2), micro_batches=2), 2).engines
+    assert not resolve(moved, 2).engines.pipelined
+    kept = piped.replace(layout=Layout(pp=4), schedule="gpipe", micro_batches=4)
+    assert resolve(kept, 4).engines.schedule == "gpipe"
+    naive = labkit.TrainConfig(layout=Layout(dp=2), dp_kind="naive")
+    assert resolve(naive.replace(layout=Layout(fsdp=2)), 2).engines.dp_kind == "fsdp"
+    assert naive.replace(steps=3).dp_kind == "naive"  # other fields keep them

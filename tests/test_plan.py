@@ -224,3 +224,16 @@ def test_tensor_parallel_must_divide_the_node():
     assert spans_nodes(Layout(dp=4, tp=2), "dp", 6)  # a group reaches over 8 ranks: crosses
     assert spans_nodes(Layout(dp=2, tp=2), "dp", 6)  # 4 does not divide 6: ranks 4-7 cross
     assert not spans_nodes(Layout(dp=3, tp=2), "dp", 6)  # 6 ranks, one node's
+
+
+def test_the_planner_refuses_the_engine_choices_a_run_refuses():
+    """A projection passes the engine rules a training run passes (labkit/training/rules.py):
+    ZeRO-1 replicates and cannot run over fsdp, FSDP needs fsdp > 1, tables need a DLRM."""
+    with pytest.raises(ValueError, match="dp_kind='zero1' replicates the model, but fsdp=8"):
+        Parallelism(Layout(fsdp=8), dp_kind="zero1")
+    with pytest.raises(ValueError, match="write fsdp=8 instead of dp=8"):
+        Parallelism.of(dp=8, dp_kind="fsdp")
+    with pytest.raises(plan.PlanError, match="tables='row_wise'.*GPTConfig has none"):
+        plan.project(GPTConfig(), Parallelism.of(fsdp=8, tables="row_wise"),
+                     plan.GPUCluster("H100"), global_batch=64)
+    assert Parallelism.of(fsdp=8, dp_kind="fsdp").engines.dp_kind == "fsdp"

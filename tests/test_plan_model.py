@@ -220,9 +220,10 @@ def test_engine_overhead_is_measured_positive_and_charged_only_to_tp_and_fsdp(tw
     from labkit.lessons.planning.checkrun import _GPT
     from labkit.plan.calibrate import Calibration
     from labkit.plan.counts import param_tensors
-    from labkit.plan.engines import fit_overhead, measure_engine_overhead
+    from labkit.plan.engines import engine_runs, fit_overhead, measure_engine_overhead
 
-    fitted = fit_overhead(two.run(measure_engine_overhead, 3))
+    runs = engine_runs(2, two.device, two.backend)  # resolved here, not on the ranks
+    fitted = fit_overhead(two.run(measure_engine_overhead, runs, 3))
     assert set(fitted) == {"tp", "fsdp"}
     assert all(per_tensor > 0 and per_byte >= 0 for per_tensor, per_byte in fitted.values())
     plain = Calibration(2, 1e11, 1e10, 2e-5, 1e9, cores=2)

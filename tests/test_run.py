@@ -91,13 +91,16 @@ def _names_used(path: Path) -> set[str]:
 
 def test_no_module_but_run_py_resolves_or_checks_a_run():
     """The layout is worked out and the rules are applied in ``training/run.py`` only: no
-    other module calls the rules, picks a preset for a config or decides a cp engine."""
+    other module calls the rules, picks a preset for a config or decides a cp engine. The
+    planner's ``Parallelism`` (no run: a projection) calls the engine rules alone, the same
+    function, so that it refuses what no run can run."""
     checks = {"check_run", "check_fields", "check_engine_choices", "check_debug_env",
               "resolve_engine", "layout_for", "engine_on"}
     own = {REPO / "labkit/training/run.py", REPO / "labkit/training/rules.py",
            REPO / "labkit/parallel/context/engine.py"}
     found = {str(p.relative_to(REPO)): sorted(_names_used(p) & checks)
              for p in (REPO / "labkit").rglob("*.py") if p not in own}
+    assert found.pop("labkit/plan/parallelism.py") == ["check_engine_choices"]
     assert {p: names for p, names in found.items() if names} == {}
 
 
@@ -126,3 +129,87 @@ def _grad_sync(config, world_size: int) -> list[str]:
 def test_gradient_sync_is_a_list_of_named_steps(model, layout, choices, steps):
     config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, **choices)
     assert _grad_sync(config, layout.size) == steps
+
+
+@pytest.mark.parametrize("name, label, engines", [
+    ("gpipe", "1 device (gpipe)", Engines(schedule="gpipe")),
+    ("naive", "1 device (naive)", Engines(dp_kind="naive")),
+])
+def test_a_report_saved_before_runs_were_resolved_loads(name, label, engines):
+    """Reports saved by b5ce528 (config, world_size, device and backend at the top, the
+    engine choices inside the layout) load as the run they were: the choice beside the
+    degrees, the engines filled in, the records as saved."""
+    path = REPO / "tests" / "data" / f"report_b5ce528_{name}_1rank.json"
+    report = labkit.TrainReport.load(path)
+    assert report.config.layout == Layout() and report.config.label == label
+    assert report.run.engines == engines and report.world_size == 1
+    assert report.device == "cpu" and report.backend == "gloo" and len(report.losses) == 2
+    again = labkit.TrainReport.from_dict(report.to_dict())
+    assert again.run == report.run and again.losses == report.losses
+
+
+class _Ranks:
+    """What run_cells and checked read of a cluster (no rank starts)."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.device, self.backend = world_size, "cpu", "gloo"
+
+    def resize(self, n: int) -> None:
+        self.world_size = n
+
+    def resized(self, n: int):
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            before, self.world_size = self.world_size, n
+            yield
+            self.world_size = before
+        return scope()
+
+
+def test_a_sweep_resolves_each_cell_once(monkeypatch):
+    """run_cells resolves every cell up front and hands each its Run: labkit.train and
+    estimate_memory take it as it is (no second resolve per cell)."""
+    from labkit.training import api
+    from labkit.training.sweep import run_cells
+
+    calls = []
+    monkeypatch.setattr(api, "resolve", lambda *a, **k: calls.append(a) or resolve(*a, **k))
+    config = labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8)
+    got = run_cells(_Ranks(1), [(1, config.replace(strategy="single")), (2, config)],
+                    lambda cluster, run: (api.checked(cluster, run), cluster.world_size))
+    assert len(calls) == 2 and [g[1] for g in got] == [1, 2]
+    assert [g[0].world_size for g in got] == [1, 2] and got[1][0].engines.dp_kind == "ddp"
+
+
+def test_train_takes_a_run_resolved_for_its_ranks_only():
+    run = resolve(labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8), 2)
+    with pytest.raises(ValueError, match="resolved for 2 cpu ranks over gloo, and the cluster "
+                                         "has 4 cpu ranks"):
+        labkit.train(_Ranks(4), run)
+    with pytest.raises(TypeError, match="give a TrainConfig to change steps"):
+        labkit.train(_Ranks(2), run, steps=3)
+
+
+def test_a_run_changed_after_it_was_resolved_is_not_trained():
+    import dataclasses
+
+    run = resolve(labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=8), 2)
+    assert run.checked and not Run.from_dict(run.to_dict()).checked
+    for changed in (dataclasses.replace(run, layout=Layout(tp=2)), run.replace(world_size=2)):
+        assert not changed.checked
+        with pytest.raises(ValueError, match="changed or rebuilt after it was resolved"):
+            labkit.train(_Ranks(2), changed)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.layout = Layout(tp=2)
+
+
+def test_a_run_resolved_without_its_checkpoint_folder_made_absolute_is_refused(tmp_path):
+    from labkit.training.api import checked
+
+    config = labkit.TrainConfig(model="mlp", global_batch=8, checkpoint_dir="ckpt")
+    with pytest.raises(ValueError, match="'ckpt' is not an absolute path"):
+        labkit.train(_Ranks(1), resolve(config, 1))
+    run = checked(_Ranks(1), config)
+    assert Path(run.config.checkpoint_dir).is_absolute() and checked(_Ranks(1), run) is run

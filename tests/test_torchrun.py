@@ -118,6 +118,17 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
     assert config.cp_engine == "ring"  # on GPUs a torchrun user can choose labkit's ring
 
 
+def test_the_layout_flag_takes_degrees_and_engine_choices():
+    from labkit.training.torchrun import parse_layout
+
+    assert parse_layout("dp=2,pp=2,schedule=gpipe") == (labkit.Layout(dp=2, pp=2),
+                                                        {"schedule": "gpipe"})
+    with pytest.raises(ValueError, match="the cp engine is its own flag: --cp-engine ring"):
+        parse_layout("cp=2,cp_engine=ring")
+    with pytest.raises(ValueError, match="cannot read layout 'pp=2,schedul=gpipe'"):
+        parse_layout("pp=2,schedul=gpipe")
+
+
 def test_torchrun_restarts_a_killed_worker_and_the_run_resumes_exactly(two, tmp_path):
     """Rank 1 is SIGKILLed after 3 steps (a planted failure); torchrun restarts the workers
     (--max-restarts 1) and the run resumes from its step-2 checkpoint: the same losses as a

@@ -37,7 +37,7 @@ import torch
 from labkit.models import MLPConfig, build_model, example_batch, loss_fn
 from labkit.plan.cluster import GPUCluster
 from labkit.plan.counts import OpBytes
-from labkit.plan.engines import cpu_median, fit_overhead, measure_engine_overhead
+from labkit.plan.engines import cpu_median, engine_runs, fit_overhead, measure_engine_overhead
 from labkit.plan.hardware import GPU
 from labkit.plan.jitter import fit_jitter, measure_jitter
 from labkit.plan.project import sample_ops
@@ -210,7 +210,8 @@ def calibrate(cluster, repeats: int = 5, kinds=KINDS,
             sweep = time_collectives(cluster, kinds, sizes_bytes,
                                      max(repeats, COLLECTIVE_ROUNDS))
             links = sweep.fits()
-            engines = fit_overhead(cluster.run(measure_engine_overhead, repeats))
+            runs = engine_runs(cluster.world_size, cluster.device, cluster.backend)
+            engines = fit_overhead(cluster.run(measure_engine_overhead, runs, repeats))
             if cluster.world_size <= _cores():  # ranks over cores: core_share (jitter.py)
                 jitter = fit_jitter(cluster.run(measure_jitter, repeats))
     finally:

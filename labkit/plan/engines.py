@@ -6,14 +6,15 @@ before it reaches aten; under FSDP2 each unit's pre/post forward and backward ho
 the optimizer walks DTensor shards. On GPUs this is hidden behind kernels queued ahead; on a
 CPU rank it is the step's critical path, and small classroom models are mostly overhead.
 
-``measure_engine_overhead(ctx)`` runs on every rank of a cluster (2 ranks or more): a tiny
-decoder's training step (2 blocks, widths 16 and 64: no arithmetic to speak of) built by
-labkit's one build path (``labkit.training.build.build``) with ``Layout(tp=N)`` and with
-``Layout(fsdp=N)``, beside the same model plain on each rank, each timed in the rank's CPU
-time (like the rest of the calibration). Both engines work per parameter tensor (a DTensor
-per weight whose every op is dispatched through DTensor; FSDP2's copy-in/out, hooks and the
-optimizer over DTensor shards), so the extra is counted per parameter tensor, fitted at the
-two widths so that a cost growing with the bytes of the weights is separated from it:
+``measure_engine_overhead(ctx, runs)`` runs on every rank of a cluster (2 ranks or more;
+``runs``: ``engine_runs``, resolved in the notebook): a tiny decoder's training step (2
+blocks, widths 16 and 64: no arithmetic to speak of) built by labkit's one build path
+(``labkit.training.build.build``) with ``Layout(tp=N)`` and with ``Layout(fsdp=N)``, beside
+the same model plain on each rank, each timed in the rank's CPU time (like the rest of the
+calibration). Both engines work per parameter tensor (a DTensor per weight whose every op is
+dispatched through DTensor; FSDP2's copy-in/out, hooks and the optimizer over DTensor
+shards), so the extra is counted per parameter tensor, fitted at the two widths so that a
+cost growing with the bytes of the weights is separated from it:
 
     extra(width) = tensors x per_tensor + weight_bytes(width) x per_byte
 
@@ -77,32 +78,48 @@ def _plain_step(config, batch: int):
     return step
 
 
-def _engine_step(ctx, config, layout: Layout, batch: int):
-    """The step labkit's training loop runs for ``layout`` (the real build, the real step)."""
-    from labkit.models import local_slice, make_batch
-    from labkit.training.build import build, parallel_context
+def engine_runs(world_size: int, device_type: str = "cpu", backend: str = "gloo") -> dict:
+    """In the notebook, before any rank starts: the run each engine's step trains at each
+    width (``"tp/16"``...), resolved once (``labkit/training/run.py``), as ``Run.to_dict``."""
     from labkit.training.config import TrainConfig
     from labkit.training.run import resolve
+
+    out = {}
+    for width in WIDTHS:
+        for engine in ENGINES:
+            layout = Layout(tp=world_size) if engine == "tp" else Layout(fsdp=world_size)
+            train = TrainConfig(model=tiny(width, world_size), layout=layout,
+                                global_batch=layout.data_size, precision="fp32")
+            out[f"{engine}/{width}"] = resolve(train, world_size, device_type,
+                                               backend).to_dict()
+    return out
+
+
+def _engine_step(ctx, run_dict: dict):
+    """The step labkit's training loop runs for the resolved run (the real build, the real
+    step), one sample per data rank."""
+    from labkit.models import local_slice, make_batch
+    from labkit.training.build import build, parallel_context
+    from labkit.training.run import Run
     from labkit.training.step.spmd import run_step
 
-    train = TrainConfig(model=config, layout=layout, global_batch=batch * layout.data_size,
-                        precision="fp32")
-    # resolved on the rank: this measurement starts no run of its own from the notebook
-    run = parallel_context(ctx, resolve(train, ctx.world_size, ctx.device.type, ctx.backend))
+    run = parallel_context(ctx, Run.from_dict(run_dict))
     built = build(run)
-    data = local_slice(make_batch(config, 0, train.global_batch, 0), run.data_rank,
-                       layout.data_size)
+    config, data_size = run.config, run.layout.data_size
+    data = local_slice(make_batch(config.model, 0, config.global_batch, 0), run.data_rank,
+                       data_size)
 
     def step():
-        run_step(built.model, data, loss_fn(config), built.optimizer, "fp32",
+        run_step(built.model, data, loss_fn(config.model), built.optimizer, "fp32",
                  built.sync_gradients, micro_batches=1, no_sync=built.no_sync)
 
     return step
 
 
-def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
+def measure_engine_overhead(ctx, runs: dict, repeats: int = 5) -> dict:
     """On each rank: {engine: {width: extra CPU seconds per step over plain}} and the
-    parameter tensors of the tiny model (the same at every width)."""
+    parameter tensors of the tiny model (the same at every width). ``runs``:
+    :func:`engine_runs`, resolved in the notebook."""
     repeats = max(repeats, 5)  # a few ms each: the median of 5 costs nothing
     n = ctx.world_size
     out = {"tensors": param_tensors(tiny(WIDTHS[0], n)), "extra": {e: {} for e in ENGINES},
@@ -113,8 +130,7 @@ def measure_engine_overhead(ctx, repeats: int = 5) -> dict:
         plain = cpu_median(_plain_step(config, 1), repeats)
         out["plain"][width] = plain
         for engine in ENGINES:
-            layout = Layout(tp=n) if engine == "tp" else Layout(fsdp=n)
-            timed = cpu_median(_engine_step(ctx, config, layout, 1), repeats)
+            timed = cpu_median(_engine_step(ctx, runs[f"{engine}/{width}"]), repeats)
             out["extra"][engine][width] = timed - plain
     return out
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from labkit.training.engines import Engines, check_choice, describe, engines_for
 from labkit.training.layout.layout import Layout
+from labkit.training.rules import check_engine_choices
 
 _CHOICES = ("schedule", "dp_kind", "tables")
 
@@ -34,6 +35,8 @@ class Parallelism:
             raise TypeError(f"Parallelism.layout is a labkit.Layout, not {self.layout!r}")
         for name in _CHOICES:
             check_choice("Parallelism", name, getattr(self, name))
+        # the same engine rules a training run passes (zero1 over fsdp, fsdp without it...)
+        check_engine_choices(self.layout, self.schedule, self.dp_kind, self.tables)
 
     @classmethod
     def of(cls, schedule: str | None = None, dp_kind: str | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-from labkit.models import GPTConfig, MLPConfig, plan_for
+from labkit.models import DLRMConfig, GPTConfig, MLPConfig, plan_for
 from labkit.plan.parallelism import Parallelism
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
 
@@ -67,6 +67,9 @@ def check_layout(model_config, layout: Parallelism, cluster, lever) -> None:
     if (layout.tp > 1 or layout.pipelined) and not isinstance(model_config, GPTConfig | MLPConfig):
         raise PlanError("tensor parallelism splits the decoder's and the MLP's matrices; a "
                         "recommender's tables are split over fsdp (tables='table_wise')")
+    if layout.tables is not None and not isinstance(model_config, DLRMConfig):
+        raise PlanError(f"tables={layout.tables!r} places a recommender's embedding tables "
+                        f"over fsdp; {type(model_config).__name__} has none: leave tables out")
     if layout.tp > 1:
         try:
             plan_for(model_config).check_tp(model_config, layout.tp)

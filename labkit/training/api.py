@@ -23,21 +23,47 @@ def checked(cluster, config: TrainConfig | None = None, world_size: int | None =
     """The run of ``config`` with ``fields`` replaced on ``world_size`` ranks of ``cluster``
     (default: its current size), resolved and checked before any process starts
     (``labkit/training/run.py``)."""
-    config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     n = cluster.world_size if world_size is None else world_size
+    if isinstance(config, Run):  # resolved already (a sweep checks its cells up front)
+        return _same_ranks(config, cluster, n, fields)
+    config = (config or TrainConfig()).replace(**fields) if fields else (config or TrainConfig())
     # the ranks inherit this process's environment (forked, or spawned with it)
     return resolve(resolved(config), n, cluster.device, cluster.backend,
                    debug=os.environ.get("TORCH_DISTRIBUTED_DEBUG"))
 
 
-def train(cluster, config: TrainConfig | None = None, *, memory_per_device=_UNSET,
+def _same_ranks(run: Run, cluster, world_size: int, fields: dict) -> Run:
+    """A resolved ``run`` as it is, if it was resolved for these ranks."""
+    if fields:
+        raise TypeError(f"a resolved Run trains as it was resolved: give a TrainConfig to "
+                        f"change {', '.join(fields)}")
+    if not run.checked:
+        raise ValueError("this Run was changed or rebuilt after it was resolved (replace, "
+                         "from_dict), so nothing checked it: give its TrainConfig "
+                         "(labkit.train(cluster, run.config))")
+    if resolved(run.config) != run.config:  # resolve() alone leaves "~/ckpt" as it is
+        raise ValueError(f"the run's checkpoint_dir {run.config.checkpoint_dir!r} is not an "
+                         f"absolute path the ranks can all find: resolve it with "
+                         f"labkit.training.api.checked(cluster, config), or give the config")
+    where = (world_size, cluster.device, cluster.backend)
+    if (run.world_size, run.device_type, run.backend) != where:
+        raise ValueError(f"the run was resolved for {run.world_size} {run.device_type} ranks "
+                         f"over {run.backend}, and the cluster has {where[0]} {where[1]} ranks "
+                         f"over {where[2]}: resolve it again (labkit.train(cluster, "
+                         f"run.config)) or resize the cluster")
+    return run
+
+
+def train(cluster, config: TrainConfig | Run | None = None, *, memory_per_device=_UNSET,
           estimate: bool = True, timeout: float | None = None, **fields) -> TrainReport:
     """Train on every rank of ``cluster`` and return a :class:`TrainReport`.
 
         report = labkit.train(cluster, model="mlp", strategy="ddp", global_batch=256, steps=10)
         report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
-    ``fields`` are those of :class:`TrainConfig` (model, strategy or layout and its engine
+    ``config``: a ``TrainConfig``, or a ``Run`` already resolved for this cluster (by
+    ``checked``: a sweep resolves its cells once, up front). ``fields`` are those of
+    :class:`TrainConfig` (model, strategy or layout and its engine
     choices schedule, dp_kind, tables, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
     grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With

@@ -108,14 +108,18 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         """A copy with ``changes``; a new strategy replaces the layout and its engine
-        choices, and the other way round (``replace(strategy="ddp")`` on a config with a
-        layout trains DDP)."""
+        choices, and a new layout the strategy and the engine choices not given with it
+        (``replace(strategy="ddp")`` on a config with a layout trains DDP;
+        ``replace(layout=Layout(dp=2))`` on a gpipe pipeline's config trains DDP, not a
+        one-stage pipeline)."""
         if "strategy" in changes and "layout" not in changes:
             changes["layout"] = None
             for name in ("schedule", "dp_kind", "tables"):
                 changes.setdefault(name, None)
-        if "layout" in changes and "strategy" not in changes:
-            changes["strategy"] = "single"
+        if "layout" in changes:  # the new degrees run with their own (default) engines
+            changes.setdefault("strategy", "single")
+            for name in ("schedule", "dp_kind", "tables"):
+                changes.setdefault(name, None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -127,7 +131,11 @@ class TrainConfig:
     def from_dict(cls, data: dict) -> TrainConfig:
         data = dict(data)
         model = dict(data.pop("model"))
-        layout = data.pop("layout", None)
+        layout = dict(data.pop("layout", None) or {}) or None
+        for name in ("schedule", "dp_kind", "tables"):  # saved inside the layout before
+            choice = (layout or {}).pop(name, None)
+            if choice is not None and data.get(name) is None:
+                data[name] = choice
         return cls(model=config_for(model.pop("name"), **model),
                    layout=Layout(**layout) if layout is not None else None, **data)
 

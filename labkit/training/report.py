@@ -11,8 +11,9 @@ from pathlib import Path
 from labkit.runtime.memory.oom import CATEGORIES
 from labkit.runtime.memory.units import format_bytes
 from labkit.training.config import TrainConfig
+from labkit.training.engines import engines_for
 from labkit.training.layout.layout import Layout
-from labkit.training.run import Run
+from labkit.training.run import Run, layout_and_choices
 from labkit.training.step.record import StepRecord
 
 
@@ -143,7 +144,7 @@ class TrainReport:
     @classmethod
     def from_dict(cls, data: dict) -> TrainReport:
         data = dict(data)
-        data["run"] = Run.from_dict(data["run"])
+        data["run"] = Run.from_dict(data["run"]) if "run" in data else _saved_run(data)
         return cls(**data)
 
     def save(self, path: str | Path) -> Path:
@@ -171,3 +172,15 @@ class TrainReport:
                 f"{self.samples_per_s:.0f} samples/s<br>peak memory, rank 0: "
                 f"{format_bytes(memory['peak_bytes'])} during {memory['peak_phase']} "
                 f"({parts}){est}")
+
+
+def _saved_run(data: dict) -> Run:
+    """The run of a report saved before reports kept their resolved run (its config, rank
+    count, device and backend at the top, the engine choices inside the layout): rebuilt
+    as it ran, unchecked, the cp engine the one its ranks said (``extra["cp_engine"]``)."""
+    config = TrainConfig.from_dict(data.pop("config"))
+    world_size, device, backend = data.pop("world_size"), data.pop("device"), data.pop("backend")
+    layout, choices = layout_and_choices(config, world_size)
+    cp_engine = (data.get("extra") or {}).get("cp_engine", "ring") if layout.cp > 1 else None
+    engines = engines_for(layout, **choices, cp_engine=cp_engine)
+    return Run(config, layout, engines, world_size, device, backend)

@@ -20,7 +20,7 @@ torchtitan builds its ``ParallelDims`` once from the job config and passes it ev
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from labkit.parallel.context.engine import resolve_engine
 from labkit.training.config import TrainConfig
@@ -39,7 +39,9 @@ from labkit.training.rules import (
 class Run:
     """A run, resolved: what to train, its degrees, its engines and where it runs.
 
-    Made by :func:`resolve` (checked) or :meth:`from_dict` (on the ranks: not checked again).
+    Made by :func:`resolve` (checked: ``checked`` is True) or :meth:`from_dict` (on the
+    ranks: not checked again). A copy (``replace``, ``dataclasses.replace``) is unchecked,
+    and ``labkit.train`` refuses it.
     """
 
     config: TrainConfig
@@ -48,6 +50,8 @@ class Run:
     world_size: int
     device_type: str = "cpu"
     backend: str = "gloo"
+    # set by resolve alone: a copy (dataclasses.replace, from_dict) is not a checked run
+    checked: bool = field(default=False, init=False, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -75,7 +79,8 @@ class Run:
                    data["backend"])
 
 
-def _layout(config: TrainConfig, world_size: int) -> tuple[Layout, dict[str, str]]:
+def layout_and_choices(config: TrainConfig, world_size: int
+                       ) -> tuple[Layout, dict[str, str]]:
     """The config's layout and engine choices, or its strategy's preset."""
     if config.layout is None:
         return preset(config.strategy, world_size)
@@ -92,11 +97,12 @@ def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
     if not isinstance(config, TrainConfig):
         raise TypeError(f"resolve takes a labkit.TrainConfig, not {config!r}")
     check_fields(config)
-    layout, choices = _layout(config, world_size)
+    layout, choices = layout_and_choices(config, world_size)
     check_engine_choices(layout, **choices)
     cp_engine = resolve_engine(config.cp_engine, device_type) if layout.cp > 1 else None
     engines = engines_for(layout, **choices, cp_engine=cp_engine)
     run = Run(config, layout, engines, world_size, device_type, backend)
     check_run(run)
     check_debug_env(run, debug)
+    object.__setattr__(run, "checked", True)
     return run

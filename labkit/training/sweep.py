@@ -13,11 +13,12 @@ from labkit.training.api import checked
 
 
 def run_cells(cluster, cells: list[tuple[int, object]], run) -> list:
-    """``run(cluster, config)`` for every (world size, TrainConfig) cell, in order of first
+    """``run(cluster, resolved)`` for every (world size, TrainConfig) cell, in order of first
     appearance of each world size (the cluster is resized once per size), returned in the
-    cells' order. A cell that cannot run raises ValueError before any of them starts."""
-    for world_size, config in cells:
-        checked(cluster, config, world_size)
+    cells' order. Each cell is resolved once, before any of them starts (ValueError for one
+    that cannot run), and ``run`` gets that ``Run`` (``labkit.train`` and
+    ``labkit.estimate_memory`` take it as it is)."""
+    runs = [checked(cluster, config, world_size) for world_size, config in cells]
     sizes = list(dict.fromkeys(world_size for world_size, _ in cells))
     results: list = [None] * len(cells)
     if not sizes:
@@ -26,7 +27,7 @@ def run_cells(cluster, cells: list[tuple[int, object]], run) -> list:
         for size in sizes:
             if cluster.world_size != size:
                 cluster.resize(size)
-            for i, (world_size, config) in enumerate(cells):
+            for i, (world_size, _) in enumerate(cells):
                 if world_size == size:
-                    results[i] = run(cluster, config)
+                    results[i] = run(cluster, runs[i])
     return results

@@ -94,6 +94,9 @@ def parse_layout(text: str) -> tuple[Layout, dict[str, str]]:
             raise ValueError(f"layout {text!r} gives {name} twice: give each dimension once")
         fields[name] = int(value) if value.isdigit() else value
     choices = {name: fields.pop(name) for name in CHOICES if name in fields}
+    if "cp_engine" in fields:
+        raise ValueError(f"layout {text!r}: the cp engine is its own flag: --cp-engine "
+                         f"{fields['cp_engine']}")
     try:
         return Layout(**fields), choices
     except TypeError as exc:

@@ -81,11 +81,12 @@ def check_failure(cluster, config, rank: int, at_step: int, how: str) -> None:
 
 def fail_once(cluster, config, rank: int, at_step: int, how: str = "kill",
               hang_timeout: float = 20.0) -> str:
-    """Train ``config`` (resuming from its checkpoints) with rank ``rank`` failing after
-    ``at_step`` steps; return what the notebook was told. ``hang_timeout``: the run's
-    timeout when ``how="hang"`` (longer than the steps before the failure take)."""
-    check_failure(cluster, config, rank, at_step, how)
+    """Train ``config`` (a TrainConfig or a resolved Run; resuming from its checkpoints)
+    with rank ``rank`` failing after ``at_step`` steps; return what the notebook was told.
+    ``hang_timeout``: the run's timeout when ``how="hang"`` (longer than the steps before
+    the failure take)."""
     run = checked(cluster, config)  # "~/ckpt" made absolute: where labkit.train will look
+    check_failure(cluster, run.config, rank, at_step, how)
     timeout = hang_timeout if how == "hang" else None
     try:
         with CheckpointLock(run.config.checkpoint_dir):
@@ -101,8 +102,9 @@ def run_with_failure(cluster, config, rank: int, at_step: int, how: str = "kill"
     """Train ``config`` with rank ``rank`` failing after ``at_step`` steps, then recover."""
     import labkit
 
-    error = fail_once(cluster, config, rank, at_step, how, hang_timeout)
+    run = checked(cluster, config)  # resolved once: the failure and the recovery train it
+    error = fail_once(cluster, run, rank, at_step, how, hang_timeout)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RanksRestartedWarning)  # expected: we killed it
-        report = labkit.train(cluster, config, estimate=False)
+        report = labkit.train(cluster, run, estimate=False)
     return Recovery(rank, how, at_step, report.ranks[0]["resumed_at"], error, report)

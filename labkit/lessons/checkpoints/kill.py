@@ -137,7 +137,7 @@ class KillSwitch:
                     self._lock.release()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RanksRestartedWarning)  # we killed it
-                    report = labkit.train(self.cluster, self.config, estimate=False)
+                    report = labkit.train(self.cluster, self.run, estimate=False)
             rank, done = self.killed
             self.recovery = Recovery(rank, "kill", done, report.ranks[0]["resumed_at"], error,
                                      report)

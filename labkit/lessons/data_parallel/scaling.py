@@ -151,7 +151,7 @@ def scaling_sweep(cluster, model: str = "mlp", params: float = 1e6, world_sizes=
     result = ScalingResult(name.lower(), count_parameters(config.model), strategy, mode, 0.0,
                            physical_cores())
 
-    def run(cluster, cell: TrainConfig) -> ScalingPoint:
+    def run(cluster, cell) -> ScalingPoint:  # a Run, resolved once by run_cells
         report = train(cluster, cell, estimate=False)
         if cluster.world_size > 1 and not result.bus_bandwidth and comm_model is None:
             result.bus_bandwidth = measure_bus_bandwidth(cluster, report.comm_bytes_per_step)

@@ -79,14 +79,14 @@ def sweep_boundary(cluster, model: str = "gpt", sizes=(2e5, 1e6, 4e6), world_siz
     result.strategy = configs[0].label if configs else strategy
     cells = [(n, config) for n in world_sizes for config in configs]
 
-    def run(cluster, config) -> BoundaryCell:
-        estimate = estimate_memory(config, cluster.world_size)
+    def run(cluster, resolved) -> BoundaryCell:  # a Run, resolved once by run_cells
+        estimate = estimate_memory(resolved)
         try:
-            report = train(cluster, config, memory_per_device=capacity, estimate=False)
+            report = train(cluster, resolved, memory_per_device=capacity, estimate=False)
             fits, peak = True, max(report.peak_bytes)
         except DeviceOOM as oom:
             fits, peak = False, oom.in_use_bytes + oom.requested_bytes
-        return BoundaryCell(count_parameters(config.model), cluster.world_size, fits, peak,
+        return BoundaryCell(count_parameters(resolved.config.model), cluster.world_size, fits, peak,
                             estimate.peak_bytes, estimate.fits(capacity))
 
     with warnings.catch_warnings():  # memory is exact on shared cores; the map has no times

@@ -28,7 +28,7 @@ class ParallelContext:
     world_size: int
     device: torch.device
     memory: Any  # a MemoryTracker
-    run: Any  # the resolved run, a labkit.training.run.Run
+    run: Any  # training/run.py's Run (not imported: labkit.training imports build)
     mesh: Any  # a DeviceMesh with dimensions ("pp", "dp", "fsdp", "cp", "tp")
     clock: Any  # comm.clock.HostClock or DeviceClock
     progress: Any = None  # progress(done, total, label), or None
@@ -43,7 +43,6 @@ class ParallelContext:
 
     @property
     def engines(self):
-        """The run's engine choices (``labkit.training.engines.Engines``)."""
         return self.run.engines
 
     @property

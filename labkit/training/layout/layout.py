@@ -34,11 +34,13 @@ drawn before any rank starts. ``labkit.training.layout.mesh`` turns it into the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from dataclasses import dataclass
 
 MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
+ENGINE_FIELDS = ("schedule", "dp_kind", "tables", "cp_engine")  # TrainConfig's, not a Layout's
 
 
 @dataclass(frozen=True)
@@ -129,3 +131,28 @@ class Layout:
     def __str__(self) -> str:
         text = self.degrees_text()
         return f"{text} (experts over dp{self.ep})" if self.ep > 1 else text
+
+
+def _refuse_engine_choices(kwargs: dict) -> None:
+    """An engine choice given to ``Layout`` (where it lived once): say where it goes."""
+    moved = {n: kwargs[n] for n in ENGINE_FIELDS if n in kwargs}
+    if moved:
+        degrees = ", ".join(f"{n}={v!r}" for n, v in kwargs.items() if n not in moved)
+        choices = ", ".join(f"{n}={v!r}" for n, v in moved.items())
+        planner = ("" if "cp_engine" in moved else
+                   f"; the planner's: labkit.plan.Parallelism(layout, {choices})")
+        raise TypeError(f"Layout holds the degrees only; {choices} is chosen beside it: "
+                        f"labkit.train(cluster, layout=labkit.Layout({degrees}), "
+                        f"{choices}) (a TrainConfig field{planner})")
+
+
+_dataclass_init = Layout.__init__
+
+
+@functools.wraps(_dataclass_init)  # the signature shown is the degrees'
+def _init(self, *args, **kwargs):
+    _refuse_engine_choices(kwargs)
+    _dataclass_init(self, *args, **kwargs)
+
+
+Layout.__init__ = _init
