@@ -3,6 +3,7 @@ assertion of runs that must train as one device."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,13 @@ sys.meta_path[:] = [finder for finder in sys.meta_path
                     if not getattr(finder, "__module__", "").startswith("__editable___labkit")]
 
 import labkit  # noqa: E402 - after the finder is gone
+
+# The tests that press the kernel's stop button (SIGINT, ``_thread.interrupt_main``) need
+# Python's own SIGINT handler. A shell that starts pytest in the background without job
+# control (``pytest ... &`` in a script, nohup) has it ignored, and Python keeps an ignored
+# SIGINT ignored: every such test would then wait out its run instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 assert Path(labkit.__file__).resolve().parent.parent == Path(__file__).resolve().parent.parent, \
     f"labkit is imported from {labkit.__file__}, not from this checkout"
