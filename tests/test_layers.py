@@ -17,6 +17,12 @@ LABKIT = REPO / "labkit"
 LAYERS = ["runtime", "models", "parallel", "training", "plan", "lessons", "classroom"]
 
 
+def _python(code: str) -> str:
+    """What a fresh Python in this checkout prints for ``code``."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout
+
+
 def _module(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -133,17 +139,14 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_a_rank_and_the_command_line_never_import_matplotlib(code):
     probe = f"{code}; import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in " \
             "('matplotlib', 'ipywidgets', 'IPython')))"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = _python(probe)
     assert out.strip() == "[]", out
 
 
 def test_import_labkit_after_torch_takes_under_half_a_second():
     probe = ("import time, torch; t = time.perf_counter(); import labkit; "
              "print(time.perf_counter() - t)")
-    seconds = min(float(subprocess.run([sys.executable, "-c", probe], cwd=REPO,
-                                       capture_output=True, text=True, check=True).stdout)
-                  for _ in range(3))
+    seconds = min(float(_python(probe)) for _ in range(3))
     assert seconds < 0.5, seconds
 
 
@@ -175,8 +178,7 @@ print(failed)
 def test_names_loaded_from_several_threads_at_once_all_load():
     """A widget works off the kernel's thread: its first use of a name may meet another's."""
     for _ in range(2):  # without the lock in labkit/__init__.py, one run in two or more fails
-        out = subprocess.run([sys.executable, "-c", _THREADS_PROBE], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout
+        out = _python(_THREADS_PROBE)
         assert out.strip() == "[]", out
 
 
@@ -186,8 +188,7 @@ def test_a_misspelled_or_dotted_name_is_an_attribute_error_that_imports_nothing(
              "    try: getattr(labkit, name); print('found', name)\n"
              "    except AttributeError: pass\n"
              "print(sorted(set(sys.modules) - before))")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = _python(probe)
     assert out.strip() == "[]", out
 
 
@@ -201,6 +202,5 @@ def test_a_lesson_module_s_figure_shows_in_a_kernel_without_labkit_plots():
              "figure = Figure(); figure.add_subplot().plot([1, 2])\n"
              "data, _ = shell.display_formatter.format(figure)\n"
              "import sys; print('labkit.lessons.plots' in sys.modules, 'image/png' in data)")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = _python(probe)
     assert out.split() == ["False", "True"], out
