@@ -1,6 +1,7 @@
 """Command line.
 
     python -m labkit doctor                               # is this machine ready?
+    python -m labkit notebooks ~/labkit-lessons           # the learners' notebooks, to open
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
     python -m labkit release                              # course/ -> notebooks/ (learners')
     python -m labkit grade submissions/ --source course --out grades.csv
@@ -87,11 +88,28 @@ def _grade(args) -> int:
     return 0
 
 
+def _notebooks(args) -> int:
+    from labkit.classroom.fetch import FetchError, fetch, report
+
+    try:
+        result = fetch(args.folder, force=args.force)
+    except FetchError as error:
+        print(error, file=sys.stderr)
+        return 2
+    print("\n".join(report(result)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="check torch, devices and a 2-rank all_reduce")
+    notebooks = commands.add_parser(
+        "notebooks", help="copy the learners' notebooks and quizzes into a folder of yours")
+    notebooks.add_argument("folder", type=Path, help="where they go (made if missing)")
+    notebooks.add_argument("--force", action="store_true",
+                           help="overwrite files there that differ from the suite's copy")
     from labkit.training import torchrun
 
     torchrun.add_arguments(commands.add_parser(
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         return doctor()
     if args.command == "release":
         return _release(args)
+    if args.command == "notebooks":
+        return _notebooks(args)
     if args.command == "grade":
         return _grade(args)
     return torchrun.main(args)

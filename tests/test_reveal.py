@@ -78,6 +78,7 @@ def test_a_release_without_solutions_reveals_nothing(tmp_path, monkeypatch):
     assert release(REPO / "course", tmp_path, check=True, solutions=False)[0] == []
     assert release(REPO / "course", tmp_path, check=True)[0]  # solutions missing: out of date
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("labkit.lessons.exercise.solutions._REPO_SOLUTIONS", tmp_path / "none")
+    monkeypatch.setattr("labkit.lessons.exercise.solutions.solutions_folder",
+                        lambda: tmp_path / "none")
     shown = reveal("ring_all_reduce")
     assert not shown.code and "without solutions" in str(shown)

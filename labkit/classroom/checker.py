@@ -17,7 +17,8 @@ This process, before it reads any learner code:
   ``mark_checker_process()``; sets ``LABKIT_GRADING=1`` (for this process and the ranks), so
   that nothing in labkit shows a reference solution while grading.
 
-The instructor's cells are executed here in order; an answer cell is never executed here: the
+The instructor's cells are executed here in order (IPython's syntax, such as the first cell's
+``%pip``, translated to Python as a kernel does); an answer cell is never executed here: the
 names it defines are bound to ``answers.Answer`` objects, run on the ranks. A check cell's
 verdict is the last ``CheckResult`` it displayed or assigned, then its hidden tests run here,
 read from ``HIDDEN_FD`` only when that cell is reached (they are in no file the sandbox can
@@ -41,6 +42,16 @@ import traceback
 import types
 
 PR_SET_DUMPABLE = 4  # linux/prctl.h
+
+
+def _parse(source: str, name: str) -> ast.Module:
+    """A cell's code; where it is IPython's (a ``%`` magic), as the kernel would run it."""
+    try:
+        return ast.parse(source, name)
+    except SyntaxError:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return ast.parse(TransformerManager().transform_cell(source), name)
 
 
 class CellTimeout(Exception):
@@ -103,7 +114,7 @@ class Run:
             self.namespace[name] = Answer(name, tuple(self.answers), modules)
 
     def _execute(self, source: str, index: int) -> None:
-        tree = ast.parse(source, f"<cell {index}>")
+        tree = _parse(source, f"<cell {index}>")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         exec(compile(tree, f"<cell {index}>", "exec"), self.namespace)  # noqa: S102
         if last is not None:

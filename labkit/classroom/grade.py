@@ -39,8 +39,11 @@ from labkit.classroom.sandbox import Limits, SandboxError, problem
 from labkit.classroom.sources import checker_cells, find_source, grade_points
 from labkit.classroom.verdicts import Findings, prepare_job, run_checker
 from labkit.lessons.exercise.result import MIME_TYPE
+from labkit.lessons.materials import quizzes_folder
 from labkit.lessons.show.quizzes import RECORD_MIME, load_quiz
 
+# The checkout this labkit runs from, if it is one: its course/ holds the sources the grader
+# runs by default (they are not package data: they hold the solutions and hidden tests).
 REPO = Path(__file__).resolve().parent.parent.parent
 NOT_RUN = "not run"
 UNSAFE = ("--unsafe-no-sandbox: each submission's code then runs as you, with your files, "
@@ -245,7 +248,7 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
                            + UNSAFE)
     if not sandboxed:
         echo("warning: grading without a sandbox (" + UNSAFE + ")")
-    quiz_dir = Path(quiz_dir or REPO / "notebooks" / "quizzes")
+    quiz_dir = Path(quiz_dir or quizzes_folder())
     source_dir = source_dir if source_dir is not None else (
         REPO / "course" if (REPO / "course").is_dir() else None)
 

@@ -4,7 +4,9 @@
 
 ``python -m labkit release`` writes the course's solutions beside the learners' notebooks
 (``solutions/<notebook>.json``); an instructor who grades the exercises releases without them
-(``--no-solutions``, which leaves ``solutions/NONE.txt`` where reveal stops looking), and while
+(``--no-solutions``, which leaves ``solutions/NONE.txt`` where reveal stops looking). Reveal
+looks in ``solutions/`` beside the notebook first, then in the package's own (the learners'
+materials, ``labkit.lessons.materials``), so a notebook opened alone (Colab) finds them. While
 a notebook is graded (``LABKIT_GRADING`` set, not "0"; ``python -m labkit grade`` sets it)
 ``reveal`` shows nothing. Your own function stays what the checks run: revealing grades nothing.
 """
@@ -17,13 +19,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.lessons.materials import solutions_folder
+
 GRADING_ENV = "LABKIT_GRADING"
 SOLUTIONS = "solutions"
 # Written by ``release --no-solutions`` in place of the solutions: a folder holding it has
-# none to show, and the search stops there (it does not go on to the repository's own).
+# none to show, and the search stops there (it does not go on to the package's own).
 NO_SOLUTIONS = "NONE.txt"
 _OFF = ("", "0", "false", "no", "off")
-_REPO_SOLUTIONS = Path(__file__).resolve().parents[3] / "notebooks" / SOLUTIONS
 
 
 @dataclass(frozen=True, repr=False)
@@ -49,8 +52,9 @@ class Reveal:
                 f"<pre>{html.escape(self.code)}</pre>")
 
 
-def _folders() -> list[Path]:
-    return [Path.cwd() / SOLUTIONS, _REPO_SOLUTIONS]
+def _folders() -> list:
+    """Where reveal looks, in order: ``solutions/`` here, then the package's (Traversables)."""
+    return [Path.cwd() / SOLUTIONS, solutions_folder()]
 
 
 def grading() -> bool:
@@ -58,7 +62,7 @@ def grading() -> bool:
     return os.environ.get(GRADING_ENV, "").strip().lower() not in _OFF
 
 
-def _read(path: Path) -> tuple[dict[str, str], str]:
+def _read(path) -> tuple[dict[str, str], str]:
     """({exercise: code} of one solutions file, "" or why it could not be read)."""
     try:
         data = json.loads(path.read_text())
@@ -76,9 +80,10 @@ def _search() -> tuple[dict[str, str], list[str], bool]:
     for folder in _folders():
         if not folder.is_dir():
             continue
-        if (folder / NO_SOLUTIONS).exists():
+        if (folder / NO_SOLUTIONS).is_file():
             return {}, [], True
-        files = sorted(folder.glob("*.json"))
+        files = sorted((f for f in folder.iterdir() if f.name.endswith(".json")),
+                       key=lambda f: f.name)
         if files:
             found, problems = {}, []
             for path in files:

@@ -5,6 +5,9 @@ option, or checking a number, reveals the explanation (and, where the suite has 
 the run that confirms or refutes that option); the score line counts first answers. Each answer
 also updates a small record displayed under the quiz (``RECORD_MIME``): JupyterLab saves it in
 the notebook, which is how ``python -m labkit grade`` reads a learner's quiz score.
+
+A notebook names its quiz as ``quizzes/<notebook>.json`` beside it; a notebook opened on its
+own (Colab, a single downloaded file) reads the package's copy of that quiz instead.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from labkit.lessons.materials import QUIZZES, quiz_file
 from labkit.lessons.show.quizzes import RECORD_MIME, Question, QuizRecord, load_quiz
 
 
@@ -97,13 +101,22 @@ def quiz_widget(questions: list[Question], values: dict | None = None, name: str
     return box
 
 
+def quiz_source(path: str | Path):
+    """``path``; or, where it is ``quizzes/<name>.json`` and no such file is here, the
+    package's copy of quiz ``name``."""
+    given = Path(path)
+    if given.exists() or given.is_absolute() or given.parent.name != QUIZZES:
+        return given
+    return quiz_file(given.stem)
+
+
 def show_quiz(path: str | Path, interactive: bool = True, values: dict | None = None):
     """Display the quiz at ``path`` as a widget with its score line under it (saved in the
     notebook, for grading), or return it as static HTML (headless runs, printed pages).
     ``values``: the measured numbers that questions read from a plot ("value" in the file)."""
     from IPython.display import HTML, display
 
-    questions = load_quiz(path)
+    questions = load_quiz(quiz_source(path))
     if not interactive:
         return HTML(quiz_html(questions, values))
     name, handle = Path(path).stem, None

@@ -90,8 +90,9 @@ class Question:
         return right, text
 
 
-def load_quiz(path: str | Path) -> list[Question]:
-    data = json.loads(Path(path).read_text())
+def load_quiz(path) -> list[Question]:
+    """The questions of the quiz file ``path`` (a path, or a package resource)."""
+    data = json.loads((path if hasattr(path, "read_text") else Path(path)).read_text())
     questions = []
     for n, q in enumerate(data["questions"]):
         q = dict(q)
