@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the package's version (pyproject.toml reads it here)
 
 _PUBLIC = {
     "Cluster": "labkit.runtime.cluster.cluster",
