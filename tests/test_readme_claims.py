@@ -1,6 +1,6 @@
 """Claims of the README and the user guide (docs/guide/), tried as a new user would: losses of
 runs of different lengths side by side (torchrun.md), the oversubscription warning shown once
-(cells.md), explorers that leave the cluster as they found it (memory.md), sizes written
+(cells.md), explorers that leave the cluster as they found it (cells.md), sizes written
 sensibly, smoke-size figures that never replace the committed ones (repository.md),
 benchmarks whose --help and docstring agree."""
 
