@@ -222,7 +222,7 @@ def test_site_in_chromium(served_site, browser):
                            ".map(i => i.naturalWidth)")
     assert len(widths) >= 3 and all(w > 0 for w in widths), widths
     assert page.locator("a[href*='colab.research.google.com']").count() == 1
-    page.screenshot(path=str(ARTIFACTS / "site-lesson-01.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "site-lesson-01.png"))
     page.goto(f"{served_site}/api/training.html")
     heading = page.locator("[id='labkit.training.api.train']")
     assert heading.is_visible()

@@ -177,7 +177,8 @@ def test_a_broken_link_fails_the_build(tmp_path):
         mkdocs_build(config, tmp_path / "site")
 
 
-def test_bad_folders_are_refused_before_anything_slow(tmp_path, capsys, monkeypatch):
+def test_bad_folders_and_missing_tools_are_refused_before_anything_slow(tmp_path, capsys,
+                                                                       monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("executed or built although the folders were wrong")
 
@@ -196,6 +197,13 @@ def test_bad_folders_are_refused_before_anything_slow(tmp_path, capsys, monkeypa
         assert main(["docs", "--out", out, *more]) == 1
         assert said in capsys.readouterr().err
     assert (busy / "notes.txt").read_text() == "mine"
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name.startswith("mkdocs_jupyter") else real(name))
+    assert main(["docs", "--out", str(tmp_path / "out")]) == 1
+    assert "the site's build needs mkdocs-jupyter" in capsys.readouterr().err
 
 
 def test_a_lesson_executed_from_another_version_is_refused():
@@ -206,3 +214,43 @@ def test_a_lesson_executed_from_another_version_is_refused():
     source = nbformat.read(COURSE / f"{stem}.ipynb", as_version=4)
     with pytest.raises(PageError, match=re.escape(f"another version of course/{stem}")):
         lesson_page(executed, source, stem)
+
+
+def test_the_lessons_are_executed_one_by_one_with_progress(tmp_path):
+    """``python -m labkit docs`` without ``--executed``: each course notebook under papermill,
+    as it is (no parameters), a line per lesson; a failing one stops the build, named."""
+    (tmp_path / "course").mkdir()
+    for stem, code in {"a_lesson": "print(6 * 7)", "b_lesson": "raise ValueError('boom')"}.items():
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                           "language": "python"}
+        nbformat.write(notebook, tmp_path / "course" / f"{stem}.ipynb")
+    said = []
+    done = site_module.execute_lessons(["a_lesson"], tmp_path, said.append, repo=tmp_path)
+    assert "42" in done["a_lesson"].read_text()
+    assert said[1] == "[ 1/1] a_lesson ..." and re.fullmatch(r"\[ 1/1\] a_lesson: \d+ s", said[2])
+    with pytest.raises(SiteError, match="b_lesson failed in cell 0: ValueError: boom"):
+        site_module.execute_lessons(["b_lesson"], tmp_path, said.append, repo=tmp_path)
+
+
+def test_a_widget_becomes_a_still_picture_of_its_saved_state():
+    """A slider panel (controls, an Output holding the plot) and a quiz's unanswered choice."""
+    from labkit.classroom.widget_snapshots import snapshot
+
+    png = {"output_type": "display_data", "data": {"image/png": "iVBORw0K"}, "metadata": {}}
+    state = {
+        "panel": {"model_name": "VBoxModel",
+                  "state": {"children": ["IPY_MODEL_row", "IPY_MODEL_plot", "IPY_MODEL_q"]}},
+        "row": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_size"]}},
+        "size": {"model_name": "SelectionSliderModel",
+                 "state": {"description": "model size", "_options_labels": ["1M", "2M"],
+                           "index": 1}},
+        "plot": {"model_name": "OutputModel", "state": {"outputs": [png]}},
+        "q": {"model_name": "RadioButtonsModel",
+              "state": {"_options_labels": ["yes", "no"], "index": None}}}
+    shown = snapshot({"data": {WIDGET_MIME: {"model_id": "panel"}}}, state)
+    assert [list(o["data"]) for o in shown] == [["text/html", "text/plain"], ["image/png"],
+                                               ["text/html", "text/plain"]]
+    assert "model size <b>2M</b>" in shown[0]["data"]["text/html"]
+    assert shown[1]["data"]["image/png"] == "iVBORw0K"
+    assert "<li>yes</li><li>no</li>" in shown[2]["data"]["text/html"]

@@ -47,6 +47,22 @@ def checkout(repo: Path = REPO) -> Path:
     return repo
 
 
+def check_tools(executing: bool) -> None:
+    """The build's packages are installed (checked before anything slow starts)."""
+    import importlib.util
+
+    needed = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocs_jupyter":
+              "mkdocs-jupyter", "mkdocstrings_handlers.python": "mkdocstrings[python]"}
+    if executing:
+        needed["papermill"] = "papermill"
+    missing = [package for module, package in needed.items()
+               if importlib.util.find_spec(module.split(".")[0]) is None
+               or importlib.util.find_spec(module) is None]
+    if missing:
+        raise SiteError(f"the site's build needs {', '.join(missing)}: pip install -e '.[docs]' "
+                        f"in the checkout (or pip install {' '.join(missing)})")
+
+
 def lesson_stems(repo: Path = REPO) -> list[str]:
     return sorted(p.stem for p in (repo / "course").glob("*.ipynb"))
 
@@ -147,6 +163,7 @@ def build_site(out: Path, executed: Path | None = None, say=print,
     """Build the site into ``out``; returns the seconds spent {"lessons", "build"}."""
     repo = checkout(repo)
     out, stems = check_out_dir(out, repo), lesson_stems(repo)
+    check_tools(executing=executed is None)
     pages = executed_lessons(executed, stems) if executed is not None else None
     seconds, ran = {"lessons": 0.0}, None
     if pages is None:  # kept if a lesson fails (the error names its notebook there)
