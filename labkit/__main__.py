@@ -89,9 +89,9 @@ def _grade(args) -> int:
 
 
 def _docs_arguments(parser) -> None:
-    parser.add_argument("--out", type=Path, required=True,
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
                         help="the folder the site goes to (new, empty, or a site built here)")
-    parser.add_argument("--executed", type=Path, default=None,
+    parser.add_argument("--executed", type=Path, default=None, metavar="DIR",
                         help="a folder of course notebooks executed at their classroom "
                              "defaults (as LABKIT_LESSONS_DIR keeps them); without it, the "
                              "lessons are executed first (slow)")

@@ -137,6 +137,19 @@ def test_each_lesson_page_is_the_learners_copy(site, stem):
     assert "labkit.record_results(" not in words  # the collapsed results cell is left out
 
 
+@pytest.mark.parametrize("stem", STEMS)
+def test_each_page_has_the_cells_of_the_learners_notebook(stem):
+    """The page's cells are those of ``notebooks/<stem>.ipynb`` (``python -m labkit release``),
+    the collapsed results cell left out, the badge under the title."""
+    source = nbformat.read(COURSE / f"{stem}.ipynb", as_version=4)
+    page = lesson_page(lesson(stem).notebook, source, stem)
+    learners = nbformat.read(REPO / "notebooks" / f"{stem}.ipynb", as_version=4)
+    kept = [c for c in learners.cells if "remove-cell" not in c.metadata.get("tags", [])]
+    assert [c.source for c in page.cells[1:]] == [c.source for c in kept[1:]]
+    title = kept[0].source.split("\n")[0]
+    assert page.cells[0].source.startswith(f"{title}\n\n[![Open In Colab]")
+
+
 def test_the_figures_are_on_the_pages_that_show_them(site):
     for figure in (REPO / "figures").glob("*.png"):
         assert (site / "figures" / figure.name).read_bytes() == figure.read_bytes()

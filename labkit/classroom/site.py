@@ -128,8 +128,7 @@ def stage(staging: Path, executed: dict[str, Path], repo: Path = REPO) -> Path:
     shutil.copy2(repo / "mkdocs.yml", staging / "mkdocs.yml")
     shutil.copy2(repo / "CHANGELOG.md", staging / "CHANGELOG.md")
     shutil.copytree(repo / "docs", staging / "docs")
-    shutil.copytree(repo / "labkit", staging / "labkit",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(repo / "labkit", staging / "labkit", ignore=_not_source)
     (staging / "docs" / "figures").mkdir(exist_ok=True)
     for figure in sorted((repo / "figures").glob("*.png")):
         shutil.copy2(figure, staging / "docs" / "figures" / figure.name)
@@ -143,6 +142,18 @@ def stage(staging: Path, executed: dict[str, Path], repo: Path = REPO) -> Path:
             raise SiteError(f"{path}: {error}") from None
         nbformat.write(page, lessons / f"{stem}.ipynb")
     return staging / "mkdocs.yml"
+
+
+def _not_source(folder: str, names: list[str]) -> list[str]:
+    """What mkdocstrings need not read in ``labkit/``: all but Python files and packages (the
+    data it holds, a link to ``notebooks/`` among them, and caches)."""
+    def source(name: str) -> bool:
+        path = Path(folder) / name
+        if path.is_symlink() or name == "__pycache__":
+            return False
+        return path.is_dir() or name.endswith(".py")
+
+    return [name for name in names if not source(name)]
 
 
 def mkdocs_build(config: Path, out: Path) -> None:
