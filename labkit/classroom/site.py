@@ -93,6 +93,15 @@ def executed_lessons(folder: Path, stems: list[str]) -> dict[str, Path]:
     return {s: folder / f"{s}.ipynb" for s in stems}
 
 
+def check_nav(stems: list[str], repo: Path = REPO) -> None:
+    """mkdocs.yml's nav lists a page for every lesson."""
+    config = (repo / "mkdocs.yml").read_text()
+    unlisted = [s for s in stems if f"lessons/{s}.ipynb" not in config]
+    if unlisted:
+        raise SiteError(f"mkdocs.yml's nav lists no lessons/{unlisted[0]}.ipynb: add every "
+                        "lesson of course/ to it")
+
+
 def execute_lessons(stems: list[str], folder: Path, say=print,
                     repo: Path = REPO) -> dict[str, Path]:
     """Run each course notebook at its classroom defaults (no parameter injected) into
@@ -112,6 +121,9 @@ def execute_lessons(stems: list[str], folder: Path, say=print,
         except papermill.PapermillExecutionError as error:
             raise SiteError(f"{stem} failed in cell {error.cell_index}: {error.ename}: "
                             f"{error.evalue} (the executed notebook is {target})") from None
+        except Exception as error:  # noqa: BLE001 - a cell past its time, a dead kernel
+            raise SiteError(f"{stem} did not finish: {type(error).__name__}: "
+                            f"{str(error)[:500]} (the executed notebook is {target})") from None
         done[stem] = target
         say(f"[{n:2d}/{len(stems)}] {stem}: {time.perf_counter() - began:.0f} s")
     say(f"lessons executed in {(time.perf_counter() - start) / 60:.1f} minutes")
@@ -120,11 +132,7 @@ def execute_lessons(stems: list[str], folder: Path, say=print,
 
 def stage(staging: Path, executed: dict[str, Path], repo: Path = REPO) -> Path:
     """Write the site's sources to ``staging``; returns its mkdocs.yml."""
-    config = (repo / "mkdocs.yml").read_text()
-    unlisted = [s for s in executed if f"lessons/{s}.ipynb" not in config]
-    if unlisted:
-        raise SiteError(f"mkdocs.yml's nav lists no lessons/{unlisted[0]}.ipynb: add every "
-                        "lesson of course/ to it")
+    check_nav(list(executed), repo)
     shutil.copy2(repo / "mkdocs.yml", staging / "mkdocs.yml")
     shutil.copy2(repo / "CHANGELOG.md", staging / "CHANGELOG.md")
     shutil.copytree(repo / "docs", staging / "docs")
@@ -175,6 +183,7 @@ def build_site(out: Path, executed: Path | None = None, say=print,
     repo = checkout(repo)
     out, stems = check_out_dir(out, repo), lesson_stems(repo)
     check_tools(executing=executed is None)
+    check_nav(stems, repo)
     pages = executed_lessons(executed, stems) if executed is not None else None
     seconds, ran = {"lessons": 0.0}, None
     if pages is None:  # kept if a lesson fails (the error names its notebook there)
