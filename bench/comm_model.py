@@ -10,7 +10,7 @@ to the last rank's end). For each range of sizes, each collective's model t = al
 bytes / beta is fitted (``CollectiveSweep.fit``, least relative error) on every other size,
 both ends included, and then predicts the sizes in between, which it never saw. Reported per
 range and collective: alpha, beta, and the relative error |predicted - measured| / measured
-at each held-out size (the issue's target: within 25%; ``tests/test_comm_model.py`` asserts
+at each held-out size (the target: within 25%; ``tests/test_comm_model.py`` asserts
 it for 1 KiB to 1 MiB). The full run adds sizes past the CPU caches (to 16 MiB), where the
 time per byte bends upwards and one straight line over the whole range fits worse.
 The last line printed is one JSON object of the figures.

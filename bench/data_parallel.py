@@ -31,7 +31,7 @@ import labkit
 from labkit.lessons.data_parallel.scaling import COMPUTE_BOUND
 from labkit.models import build_model, loss_fn, make_batch
 
-# Compute-bound (labkit.lessons.data_parallel.scaling.COMPUTE_BOUND, also the README's speedup
+# Compute-bound (labkit.lessons.data_parallel.scaling.COMPUTE_BOUND, also the speedup
 # figure): a large batch over a model whose gradient is small. A wider model with a small batch
 # (d_hidden 1536, batch 512) measured 1.26x here, with its 2-process ceiling at only 1.37x: its
 # weights do not fit the caches, and the two cores then share memory bandwidth.

@@ -2,11 +2,10 @@
 # labkit's GPU claims in one pass (~5 min on one GPU). Run from the repo root with labkit's venv active.
 # 1 GPU: NCCL only at world size 1; 2+ ranks share the GPU over gloo (labkit's design); with
 # 2+ GPUs the NCCL pipeline checks run too. One PASS/FAIL line per claim; INFO lines are numbers.
-# Adapted to the runtime fixes of issues 11 and 18 (branch issue-11-cluster): caps checked with
-# labkit.runtime.cluster.hardware.check_capacity, an even share without a cap, the fork/fresh launcher,
-# host copies of CUDA results, the end-of-run synchronise, C++ output through the pipes.
-# c8 (session of 2026-12-01): DCP checkpoints on CUDA, the GPT and the MoE GPT on CUDA.
-# c9 (2+ GPUs): cp=2 trained by torch's context_parallel against labkit's ring.
+# Checked: caps (labkit.runtime.cluster.hardware.check_capacity), an even share without a cap,
+# the fork/fresh launcher, host copies of CUDA results, the end-of-run synchronise, C++ output
+# through the pipes (c1-c7); DCP checkpoints, the GPT and the MoE GPT on CUDA (c8); with 2+
+# GPUs, cp=2 trained by torch's context_parallel against labkit's ring (c9).
 # Then run every gpu-marked test: python -m pytest -m gpu tests/ (context_parallel's included).
 set -u
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || { echo "FAIL no GPU"; exit 1; }
@@ -199,7 +198,7 @@ def c6():  # 2+ GPUs only: pipelines over NCCL; a run's NCCL errors belong to it
 def c7():  # the doctor on this machine (1 GPU: 1 NCCL rank and 2 ranks sharing it)
     r = subprocess.run([sys.executable, "-m", "labkit", "doctor"], capture_output=True, text=True, timeout=300)
     check("doctor checks the GPU(s) and passes", r.returncode == 0 and "all_reduce on cuda" in r.stdout, r.stdout[-300:].replace("\n", " | "))
-def c8():  # this session's features on CUDA: checkpoints resume exactly, cp and the MoE, the planner
+def c8():  # on CUDA: checkpoints resume exactly, cp and the MoE, the planner
     import tempfile
     from labkit.models import GPTConfig, MoEGPTConfig
     with labkit.Cluster(1, device="cuda", progress=False) as c, tempfile.TemporaryDirectory() as d:

@@ -1,8 +1,8 @@
-"""Regenerate the README's figures from real runs on this machine.
+"""Regenerate the figures of the README and the docs from real runs on this machine.
 
     python figures/make.py            # documented size: a few minutes on 2 CPU cores
     python figures/make.py --smoke    # tiny, for tests; writes to --out (default
-                                      # artifacts/figures-smoke/, never over the README's)
+                                      # artifacts/figures-smoke/, never over figures/)
 
 Every figure is stamped with what was measured and where (CPU ranks or the GPU model).
 """
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write (default: figures/, or artifacts/figures-smoke/ "
                              "with --smoke, so that smoke-size figures never replace the "
-                             "README's)")
+                             "committed ones)")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parent
     if args.out is None:

@@ -5,6 +5,7 @@
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
     python -m labkit release                              # course/ -> notebooks/ (learners')
     python -m labkit grade submissions/ --source course --out grades.csv
+    python -m labkit docs --out site/                     # the web site, lessons executed
 """
 
 from __future__ import annotations
@@ -100,6 +101,26 @@ def _notebooks(args) -> int:
     return 0
 
 
+def _docs_arguments(parser) -> None:
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
+                        help="the folder the site goes to (new, empty, or a site built here)")
+    parser.add_argument("--executed", type=Path, default=None, metavar="DIR",
+                        help="a folder of course notebooks executed at their classroom "
+                             "defaults (as LABKIT_LESSONS_DIR keeps them); without it, the "
+                             "lessons are executed first (slow)")
+
+
+def _docs(args) -> int:
+    from labkit.classroom.site import SiteError, build_site
+
+    try:
+        build_site(args.out, args.executed, say=lambda line: print(line, flush=True))
+    except SiteError as error:
+        print(error, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     _grade_arguments(commands.add_parser(
         "grade", help="run the checks of submitted notebooks, each in a sandbox, and write "
                       "their results and quiz scores to a CSV"))
+    _docs_arguments(commands.add_parser(
+        "docs", help="build the web site (user guide, lessons with their outputs, API "
+                     "reference) with mkdocs --strict"))
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from labkit.runtime.cluster.doctor import main as doctor
@@ -131,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return _notebooks(args)
     if args.command == "grade":
         return _grade(args)
+    if args.command == "docs":
+        return _docs(args)
     return torchrun.main(args)
 
 

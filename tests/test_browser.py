@@ -1,8 +1,9 @@
 """The learner's view: every learners' notebook (``notebooks/``, exercises not done yet)
 opened in a real JupyterLab, in headless Chromium, run from the Run menu to the end without an
 error; the main slider of notebooks 01 to 06 is moved and the plot must redraw. Then the lecture
-app served by Voila (docs/instructor.md), its slider moved the same way. Screenshots and the
-measured slider latency go to artifacts/browser/.
+app served by Voila (docs/instructor.md), its slider moved the same way. First, the course's web
+site (tests/built_site.py): its index, a lesson page with its plots, an API page. Screenshots
+and the measured slider latency go to artifacts/browser/.
 
 Needs Debian's ``chromium`` and the ``playwright`` package (driving the system browser; no
 browser download). ``.ci/run`` installs both; elsewhere this test is skipped with that reason.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.built_site import SITE_TIMEOUT_S, built_site
 from tests.lessons import SMOKE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,6 +170,66 @@ def _move_slider(page, label: str, key: str) -> float:
             return changed_at - start
         time.sleep(0.05)
     pytest.fail(f"the plot did not redraw after moving '{label}'")
+
+
+@pytest.fixture
+def served_site():
+    """The course's web site (tests/built_site.py) over HTTP on this machine."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(built_site())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/index.html", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail("the site's HTTP server did not start")
+            time.sleep(0.2)
+    yield url
+    server.terminate()
+    server.wait(timeout=20)
+
+
+# Defined first, so that it runs first: in a whole run its site comes from the lessons
+# executed at classroom defaults once per session, and these are then executed before any
+# JupyterLab kernel of the tests below is up (their timings stay undisturbed).
+@pytest.mark.timeout(SITE_TIMEOUT_S)
+def test_site_in_chromium(served_site, browser):
+    """The built site: its index, a lesson page with every plot loaded, an API page. Requests
+    to other hosts are refused (the site reads without them; Colab's badge is one)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, outside = browser.new_page(), []
+
+    def local_only(route):
+        if route.request.url.startswith(served_site):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", local_only)
+    page.goto(f"{served_site}/index.html")
+    assert page.locator(".md-nav__link", has_text="Lessons").count() > 0
+    page.screenshot(path=str(ARTIFACTS / "site-index.png"))
+    page.goto(f"{served_site}/lessons/01_the_memory_wall.html")
+    page.wait_for_load_state("load")
+    widths = page.evaluate("Array.from(document.images).filter(i => i.src.startsWith('data:'))"
+                           ".map(i => i.naturalWidth)")
+    assert len(widths) >= 3 and all(w > 0 for w in widths), widths
+    assert page.locator("a[href*='colab.research.google.com']").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "site-lesson-01.png"))
+    page.goto(f"{served_site}/api/training.html")
+    heading = page.locator("[id='labkit.training.api.train']")
+    assert heading.is_visible()
+    assert "Train on every rank of cluster" in page.locator(".doc-contents").first.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "site-api-training.png"))
+    print(f"site: requests refused to other hosts: {sorted(set(outside))}")
+    page.close()
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))

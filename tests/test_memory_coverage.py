@@ -65,7 +65,7 @@ def test_tensors_kept_while_uncapped_count_once_a_cap_is_set():
 
 # How far the tracked peak may be from the allocator's: exact (within rounding) everywhere but
 # oneDNN's convolutions, which reorder weights into workspaces no tensor holds (0.5% here;
-# the README says so).
+# docs/guide/memory.md says so).
 TOLERANCE = {"transformer": 0.001, "cnn": 0.01, "lstm": 0.001, "gru": 0.001}
 
 

@@ -1,7 +1,8 @@
-"""README claims, tried as a new user would: losses of runs of different lengths side by side,
-the oversubscription warning shown once, explorers that leave the cluster as they found it,
-sizes written sensibly, smoke-size figures that never replace the README's, benchmarks whose
---help and docstring agree."""
+"""Claims of the README and the user guide (docs/guide/), tried as a new user would: losses of
+runs of different lengths side by side (torchrun.md), the oversubscription warning shown once
+(cells.md), explorers that leave the cluster as they found it (cells.md), sizes written
+sensibly, smoke-size figures that never replace the committed ones (repository.md),
+benchmarks whose --help and docstring agree."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_sizes_are_written_in_a_unit_that_fits(size, text):
     assert labkit.format_bytes(size) == text
 
 
-def test_smoke_size_figures_never_replace_the_readmes(monkeypatch):
+def test_smoke_size_figures_never_replace_the_committed_ones(monkeypatch):
     make = _module("figures/make.py")
     written = []
 

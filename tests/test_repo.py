@@ -14,8 +14,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+CLONE = "git clone https://github.com/labkit-course/labkit && cd labkit"
+
+
+def _readme_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.+?)\n```", (REPO / "README.md").read_text(), re.S)
+
+
 def _readme_commands() -> list[str]:
-    return re.findall(r"```bash\n(.+?)\n```", (REPO / "README.md").read_text())
+    """The README's bash blocks after the one that clones the repository."""
+    return [block for block in _readme_blocks() if not block.startswith("git clone ")]
 
 
 def test_ci_runs_the_readme_test_command():
@@ -23,6 +31,21 @@ def test_ci_runs_the_readme_test_command():
     assert "jupyter lab notebooks/" in open_cmd
     assert "pytest" in test_cmd
     assert test_cmd in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_is_a_front_door():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert _readme_blocks()[0] == CLONE  # the first command a newcomer types
+
+
+def test_every_relative_link_of_the_readme_points_at_a_file():
+    text = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    relative = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t)]
+    assert relative, "the README links no file of the repository"
+    missing = [t for t in relative if t and not (REPO / t).exists()]
+    assert not missing, missing
 
 
 def test_notebooks_are_committed_without_outputs_and_with_parameters():

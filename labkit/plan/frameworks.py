@@ -18,8 +18,9 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   written forward and read backward, and the probabilities read and written once more.
 * ``attention_kernel``: the fused attention kernel the framework calls on GPUs: "fa2"
   (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
-  ``hardware.GPU.flash_attention_efficiency``) or "fused" (Transformer Engine's cuDNN
-  kernels: no published rate, timed at the matmul rate).
+  ``hardware.GPU.flash_attention_efficiency``), "triton" (FlashAttention in Triton: slower
+  than FA2 by ``project.ATTENTION_SLOWER``) or "fused" (Transformer Engine's cuDNN kernels:
+  no published rate, timed at the matmul rate).
 * ``fused_saves``: whether RMSNorm and grouped-query attention keep for backward what fused
   kernels keep (``fused_saves.py``: the norm's input and one statistic per row; keys and
   values as they are) or what eager composite ops keep (the normalized input too; keys and
@@ -94,9 +95,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "DEFAULT (bf16 parameters in compute, fp32 gradient reduction, fp32 sharded "
               "state: composer's get_mixed_precision), backward_prefetch BACKWARD_POST "
               "(composer's default: dist_strategy.prepare_fsdp_module), attn_impl 'triton' "
-              "(FlashAttention in Triton; timed at FlashAttention-2's rate, an upper bound: "
-              "Dao 2023 measures FA2 1.3-2.5x faster than it on A100)",
-              backward_prefetch="post"),
+              "(FlashAttention in Triton: FlashAttention-2's rate over 1.3, the least of "
+              "Dao 2023's 1.3-2.5x)", backward_prefetch="post", attention_kernel="triton"),
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "

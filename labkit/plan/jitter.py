@@ -22,11 +22,12 @@ on 4 ranks of 2 cores read mostly that turn-taking: 0.4-0.5, against 0.14-0.22 o
 with the load taken out, 2 ranks read 0.03-0.17 on a quiet machine).
 
 One number for a rhythm that varies: the fraction falls as the segments between meetings
-grow (a review measured 0.9 at one matmul a segment, 0.3 at four, 0.15 at sixteen), and it is
+grow (0.9 at one matmul a segment, 0.3 at four, 0.15 at sixteen, measured on 2 ranks), and it is
 measured at a classroom tp step's rhythm (16 meetings, ~5 ms segments), so a layout that
 meets rarely (DDP: its buckets at the end of backward) is charged too much and tp, meeting
 in shorter segments, too little. A two-parameter form (a cost per meeting plus a fraction of
-the segment, fitted at two segment lengths) was tried: its fit swung 0.04-0.34 between runs.
+the segment, fitted at two segment lengths) does not fit stably: it swings 0.04-0.34
+between runs.
 """
 
 from __future__ import annotations

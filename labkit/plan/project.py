@@ -146,18 +146,24 @@ def project(model_config, layout: Layout | Parallelism, cluster: GPUCluster, glo
     return _time(model_config, layout, cluster, lever, costs)
 
 
+# A fused attention kernel's rate against FlashAttention-2's (the GPU row's published figure):
+# FlashAttention in Triton, as llm-foundry's attn_impl "triton", runs FA2's work 1.3-2.5x
+# slower (Dao 2023, 'FlashAttention-2', abstract and section 4.1, A100): the least is taken.
+ATTENTION_SLOWER = {"fa2": 1.0, "triton": 1.3}
+
+
 def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts) -> float:
     """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, a fused
-    attention kernel's at its own (FlashAttention-2's, where the framework calls it and the
-    GPU's row has a published figure)."""
+    attention kernel's at its own (FlashAttention-2's, or a slower kernel's against it
+    (``ATTENTION_SLOWER``), where the GPU's row has a published figure)."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(lever.precision)
     attention = costs.attention_flops
-    if not (attention and gpu.flash_attention_efficiency
-            and framework(lever.framework).attention_kernel == "fa2"):
+    kernel = framework(lever.framework).attention_kernel
+    if not (attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER):
         return costs.flops / (peak * cluster.efficiency)
-    return ((costs.flops - attention) / (peak * cluster.efficiency)
-            + attention / (peak * gpu.flash_attention_efficiency))
+    rate = gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
+    return (costs.flops - attention) / (peak * cluster.efficiency) + attention / (peak * rate)
 
 
 def _time(model_config, layout, cluster, lever, costs) -> Projection:

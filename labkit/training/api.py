@@ -56,14 +56,14 @@ def _same_ranks(run: Run, cluster, world_size: int, fields: dict) -> Run:
 
 def train(cluster, config: TrainConfig | Run | None = None, *, memory_per_device=_UNSET,
           estimate: bool = True, timeout: float | None = None, **fields) -> TrainReport:
-    """Train on every rank of ``cluster`` and return a :class:`TrainReport`.
+    """Train on every rank of ``cluster`` and return a ``TrainReport``.
 
         report = labkit.train(cluster, model="mlp", strategy="ddp", global_batch=256, steps=10)
         report = labkit.train(cluster, model="gpt", layout=labkit.Layout(fsdp=2, tp=2))
 
     ``config``: a ``TrainConfig``, or a ``Run`` already resolved for this cluster (by
     ``checked``: a sweep resolves its cells once, up front). ``fields`` are those of
-    :class:`TrainConfig` (model, strategy or layout and its engine
+    ``TrainConfig`` (model, strategy or layout and its engine
     choices schedule, dp_kind, tables, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
     grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With

@@ -25,7 +25,7 @@ __all__ = ["COMPUTE_BOUND", "ScalingPoint", "ScalingResult", "measure_bus_bandwi
            "point_of", "predicted_comm_s", "reused", "ring_all_reduce_seconds",
            "scaling_sweep"]
 
-# The compute-bound configuration the speedup bench, the README's figure and notebook 02 use:
+# The compute-bound configuration the speedup bench, the speedup figure and notebook 02 use:
 # a large batch over a model whose gradient is small (1.7M parameters, 6.9 MB to AllReduce per
 # step against about 1 s of computation on one core of the 2-core machine the course is tested
 # on; notebook 02 times it at half this batch): (model, global batch).

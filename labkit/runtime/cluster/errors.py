@@ -10,7 +10,7 @@ class OversubscriptionWarning(UserWarning):
 
 
 class ClusterError(RuntimeError):
-    """Base class for every failure of a :class:`labkit.Cluster`."""
+    """Base class for every failure of a ``labkit.Cluster``."""
 
 
 class RankError(ClusterError):
