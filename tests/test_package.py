@@ -213,6 +213,23 @@ def test_notebooks_refuses_a_file_and_the_suites_own_folder(tmp_path, capsys):
     assert a_file.read_text() == "mine"
     assert main(["notebooks", str(REPO / "notebooks")]) == 2
     assert "the suite's own copy" in capsys.readouterr().err
+    apps = REPO / "notebooks" / "apps"
+    before = sorted(apps.iterdir())
+    assert main(["notebooks", str(apps)]) == 2
+    assert "or inside it" in capsys.readouterr().err
+    assert sorted(apps.iterdir()) == before
+
+
+def test_notebooks_refuses_a_package_that_holds_none(tmp_path, capsys, monkeypatch):
+    """A checkout without symbolic links has labkit/notebooks as a text file: nothing to
+    copy is an error, not "0 file(s) written"."""
+    import labkit.classroom.fetch as fetch_module
+    from labkit.__main__ import main
+
+    monkeypatch.setattr(fetch_module, "material_files", lambda: [])
+    assert main(["notebooks", str(tmp_path / "lessons")]) == 2
+    assert "holds no notebooks" in capsys.readouterr().err
+    assert not (tmp_path / "lessons").exists()
 
 
 def test_a_notebook_alone_reads_its_quiz_and_solutions_from_the_package(tmp_path,

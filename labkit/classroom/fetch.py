@@ -37,9 +37,9 @@ def _destination(folder: Path) -> Path:
         raise FetchError(f"{folder} is a file, not a folder: name a folder to copy the "
                          "notebooks into (it is made if missing)")
     own = Path(str(learners_notebooks())).resolve()
-    if folder.resolve() == own:
-        raise FetchError(f"{folder} is the suite's own copy of the notebooks: name another "
-                         "folder")
+    if folder.resolve().is_relative_to(own):
+        raise FetchError(f"{folder} is the suite's own copy of the notebooks, or inside it: "
+                         "name another folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -51,8 +51,13 @@ def fetch(folder: Path, force: bool = False) -> Fetched:
     """Copy the learners' materials into ``folder`` (made if missing). A file there that
     differs from the package's is kept (``force``: overwritten). Raises ``FetchError`` for a
     folder that cannot take them."""
+    materials = material_files()
+    if not materials:
+        raise FetchError(f"the package holds no notebooks ({learners_notebooks()} has none): "
+                         "in a checkout, labkit/notebooks is a symbolic link to notebooks/ "
+                         "(clone with symbolic links: git config core.symlinks true)")
     result = Fetched(_destination(folder))
-    for name, source in material_files():
+    for name, source in materials:
         if name.startswith(f"{SOLUTIONS}/"):
             continue  # reveal reads the package's own solutions
         data, target = source.read_bytes(), result.folder / name
