@@ -219,6 +219,35 @@ def test_bad_folders_and_missing_tools_are_refused_before_anything_slow(tmp_path
     assert "the site's build needs mkdocs-jupyter" in capsys.readouterr().err
 
 
+def test_a_failed_build_leaves_the_site_in_out_as_it_was(tmp_path, monkeypatch):
+    """mkdocs writes its pages before --strict fails on a warning: those pages never reach
+    --out, and a passing build replaces the site there whole."""
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    for stem in STEMS:
+        (executed / f"{stem}.ipynb").write_text("{}")
+    monkeypatch.setattr(site_module, "stage", lambda staging, pages, repo: staging / "m.yml")
+
+    def mkdocs(config, out, fail):
+        out.mkdir(parents=True)
+        (out / "index.html").write_text("new")
+        if fail:
+            raise SiteError("mkdocs build --strict failed:\nWARNING - a dead link")
+
+    out = tmp_path / "site"
+    out.mkdir()
+    (out / site_module.MARKER).write_text("built")
+    (out / "index.html").write_text("old")
+    (out / "gone.html").write_text("old")
+    monkeypatch.setattr(site_module, "mkdocs_build", lambda c, o: mkdocs(c, o, True))
+    assert main(["docs", "--out", str(out), "--executed", str(executed)]) == 1
+    assert (out / "index.html").read_text() == "old" and (out / "gone.html").exists()
+    monkeypatch.setattr(site_module, "mkdocs_build", lambda c, o: mkdocs(c, o, False))
+    assert main(["docs", "--out", str(out), "--executed", str(executed)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [site_module.MARKER, "index.html"]
+    assert (out / "index.html").read_text() == "new"
+
+
 def test_a_lesson_executed_from_another_version_is_refused():
     stem = STEMS[0]
     executed = nbformat.from_dict(dict(lesson(stem).notebook))

@@ -188,16 +188,24 @@ def build_site(out: Path, executed: Path | None = None, say=print,
     seconds, ran = {"lessons": 0.0}, None
     if pages is None:  # kept if a lesson fails (the error names its notebook there)
         ran, start = Path(tempfile.mkdtemp(prefix="labkit-lessons-")), time.perf_counter()
-        pages = execute_lessons(stems, ran, say, repo)
+        try:
+            pages = execute_lessons(stems, ran, say, repo)
+        except KeyboardInterrupt:  # a failed lesson keeps ``ran`` (its error names it)
+            shutil.rmtree(ran, ignore_errors=True)
+            raise
         seconds["lessons"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="labkit-site-") as work:
         work = Path(work)
         start = time.perf_counter()
         (work / "staging").mkdir()
         config = stage(work / "staging", pages, repo)
-        out.mkdir(parents=True, exist_ok=True)
-        mkdocs_build(config, out)
-        (out / MARKER).write_text("built by python -m labkit docs\n")
+        built = work / "site"  # --out changes only once the whole build has passed
+        mkdocs_build(config, built)
+        (built / MARKER).write_text("built by python -m labkit docs\n")
+        if out.exists():  # empty, or a site this built (check_out_dir)
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(built, out)
         seconds["build"] = time.perf_counter() - start
     if ran is not None:
         shutil.rmtree(ran, ignore_errors=True)
