@@ -125,7 +125,8 @@ def _build_lines(run, engine, dims, model: str) -> tuple[list[str], list[str]]:
         lines += ["for block in model.blocks:  # 2. recompute each block in backward",
                   "    checkpoint(block)"]
     if engines.pipelined:
-        lines.append('parts = pipeline_stages(model, mesh.get_local_rank("pp"))  # 3. stages')
+        lines += ["# 3. the pipeline: this rank's stages, the rest of the model dropped",
+                  'parts = pipeline_stages(model, mesh.get_local_rank("pp"))']
     hsdp = layout.dp > 1 and layout.fsdp > 1
     shard = '"dp", "fsdp"' if hsdp else '"fsdp"'
     if engine == "fsdp":
@@ -196,8 +197,11 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         'losses")',
         "args = parser.parse_args()",
         "device = setup()",
+        "if dist.get_world_size() != WORLD_SIZE:  # the mesh below has the layout's shape",
+        '    raise SystemExit(f"{WORLD_SIZE} ranks train this run, not {dist.get_world_size()}")',
         *mesh,
-        "# which slice of each batch this rank trains on (ranks of one tp group: the same)",
+        "# which slice of each batch this rank trains on"
+        + (" (the ranks of a tp group: the same)" if run.layout.tp > 1 else ""),
         f"data_rank = {_data_rank(dims, run.layout)}",
         f"config = {type(run.config.model).__name__}()",
         "",

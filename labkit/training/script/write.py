@@ -54,6 +54,7 @@ def _constants(run, stages) -> Piece:
     config, layout = run.config, run.layout
     lines = [f"SEED = {config.seed}", f"GLOBAL_BATCH = {config.global_batch}  # samples per "
              "step, over every rank", f"STEPS = {config.steps}", f"LR = {config.lr!r}",
+             f"WORLD_SIZE = {run.world_size}  # ranks: torchrun's --nproc-per-node x --nnodes",
              f"DATA_SIZE = {layout.data_size}  # slices of the batch: dp x fsdp"]
     if run.engines.pipelined:
         lines += [f"MICRO_BATCHES = {config.micro_batches}  # per step, through the pipeline",
