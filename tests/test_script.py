@@ -89,6 +89,7 @@ WRITTEN = {
     "gpipe_fsdp": ("--layout", "pp=2,fsdp=2,schedule=gpipe"),
     "interleaved_dp": ("--layout", "pp=2,dp=2,schedule=interleaved_1f1b"),
     "pp_tp_naive": ("--layout", "pp=2,tp=2,dp=2,dp_kind=naive"),
+    "cpu": ("--strategy", "ddp", "--world-size", "2", "--cpu"),
     "bf16_checkpointed": ("--strategy", "fsdp", "--world-size", "2", "--precision", "bf16",
                           "--activation-checkpointing", "--grad-accumulation", "2"),
 }
@@ -105,15 +106,17 @@ def test_every_written_script_passes_ruff_and_imports_only_torch(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     allowed = {"torch", *sys.stdlib_module_names}
     for script in scripts:
-        tree = ast.parse(script.read_text())
+        text = script.read_text()
+        tree = ast.parse(text)
         roots = {alias.name.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.Import) for alias in node.names}
         roots |= {node.module.split(".")[0] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom)}
         assert roots <= allowed, (script.name, roots - allowed)
-        assert "LOCAL_RANK" in script.read_text() and "torch.cuda.set_device" in script.read_text()
-        lines = len(script.read_text().splitlines())
-        assert lines <= (300 if "GPT" in script.read_text()[:200] else 200), (script.name, lines)
+        on_gpus = "LOCAL_RANK" in text and "torch.cuda.set_device" in text
+        assert on_gpus == (script.stem != "cpu"), script.name
+        lines = len(text.splitlines())
+        assert lines <= (300 if "GPT" in text[:200] else 200), (script.name, lines)
 
 
 @pytest.mark.parametrize("shape", [

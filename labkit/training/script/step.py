@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from labkit.training.script.model import MODEL_CLASS
 from labkit.training.script.source import Piece
@@ -89,9 +90,11 @@ def _mesh_lines(dims) -> tuple[list[str], tuple[str, ...]]:
         return [], ()
     shape = ", ".join(str(d) for _, d in dims) + ("," if len(dims) == 1 else "")
     names = ", ".join(f'"{n}"' for n, _ in dims) + ("," if len(dims) == 1 else "")
-    lines = ["# One mesh of the ranks, a named dimension per parallelism (tp innermost: its",
-             "# ranks are neighbours, on one machine, as its traffic needs the fastest links).",
-             f"mesh = init_device_mesh(device.type, ({shape}), mesh_dim_names=({names}))"]
+    lines = (["# One mesh of the ranks, a named dimension per parallelism (tp innermost: its",
+              "# ranks are neighbours, on one machine, as its traffic needs the fastest links)."]
+             if "tp" in [n for n, _ in dims] else
+             ["# One mesh of the ranks, a named dimension per parallelism."])
+    lines += [f"mesh = init_device_mesh(device.type, ({shape}), mesh_dim_names=({names}))"]
     return lines, ("from torch.distributed.device_mesh import init_device_mesh",)
 
 
@@ -119,25 +122,25 @@ def _build_lines(run, engine, dims, model: str) -> tuple[list[str], list[str]]:
     else:
         lines.append(f"model = {model}(config).to(device)")
     if layout.tp > 1:
-        lines.append('apply_tp(model, mesh["tp"])  # 1. tensor parallelism: DTensor weights')
+        lines.append('apply_tp(model, mesh["tp"])  # § tensor parallelism: DTensor weights')
     if config.activation_checkpointing:
         imports.append("from torch.distributed._composable import checkpoint")
-        lines += ["for block in model.blocks:  # 2. recompute each block in backward",
+        lines += ["for block in model.blocks:  # § recompute each block in backward",
                   "    checkpoint(block)"]
     if engines.pipelined:
-        lines += ["# 3. the pipeline: this rank's stages, the rest of the model dropped",
+        lines += ["# § the pipeline: this rank's stages, the rest of the model dropped",
                   'parts = pipeline_stages(model, mesh.get_local_rank("pp"))']
     hsdp = layout.dp > 1 and layout.fsdp > 1
     shard = '"dp", "fsdp"' if hsdp else '"fsdp"'
     if engine == "fsdp":
         call = f"apply_fsdp({{}}, mesh[{shard}])"
-        note = ("4. FSDP2: each rank keeps a shard of every weight, gradient and optimizer state"
+        note = ("§ FSDP2: each rank keeps a shard of every weight, gradient and optimizer state"
                 + (" (HSDP)" if hsdp else ""))
     elif engine == "replicate":
         imports.append("from torch.distributed._composable.replicate_with_fsdp import "
                        "replicate")
         call = 'replicate({}, mesh=mesh["dp"])'
-        note = ("4. FSDP2's replicate, DDP for DTensor weights and pipeline stages: "
+        note = ("§ FSDP2's replicate, DDP for DTensor weights and pipeline stages: "
                 "gradients all-reduced")
     else:
         call = None
@@ -147,12 +150,18 @@ def _build_lines(run, engine, dims, model: str) -> tuple[list[str], list[str]]:
         lines += [f"# {note}", f"model = {call.format('model')}"]
     if engine in ("ddp", "zero1"):
         imports.append("from torch.nn.parallel import DistributedDataParallel")
-        lines += ["# 5. DDP: gradients all-reduced in buckets while backward runs",
+        lines += ["# § DDP: gradients all-reduced in buckets while backward runs",
                   'ids = [device.index] if device.type == "cuda" else None',
                   'model = DistributedDataParallel(model, device_ids=ids, process_group=mesh.'
                   'get_group("dp"),',
                   f"                                bucket_cap_mb={config.bucket_cap_mb!r})"]
-    return lines, imports
+    return _numbered(lines), imports
+
+
+def _numbered(lines: list[str]) -> list[str]:
+    """The parallelisms' comments numbered in the order they are applied ("# 1. ...")."""
+    count = iter(range(1, 10))
+    return [re.sub("§", lambda _: f"{next(count)}.", line) for line in lines]
 
 
 def _optimizer_lines(run, engine, optimizer: str) -> tuple[list[str], list[str]]:
