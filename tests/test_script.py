@@ -31,7 +31,11 @@ ON_TWO = ["ddp", "fsdp", "tp", "1f1b"]
 
 
 def _torchrun(procs: int, cwd: Path, *args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    """torchrun in ``cwd``; labkit on the path only for ``-m labkit`` (a script runs alone)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    if args[0] == "-m":
+        env["PYTHONPATH"] = str(REPO)
     result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(procs), *args],
                             cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -19,7 +19,10 @@ _OWN = {"--out-script": 1, "--world-size": 1}  # this command's options, with th
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     torchrun.add_arguments(parser)
-    parser.set_defaults(out="losses.json")  # here: the default of the script's own --out
+    for action in parser._actions:  # --out here: the default of the script's own --out
+        if action.dest == "out":
+            action.default = "losses.json"
+            action.help = "the default of the script's --out (default: losses.json)"
     parser.add_argument("--out-script", default="train.py",
                         help="where the script goes (default: train.py; with several "
                              "strategies, each with the strategy's name before the suffix: "
