@@ -116,7 +116,7 @@ def data_piece(config) -> Piece:
     return Piece(source_of(_DATA[config.name]), ("import torch",))
 
 
-def tp_plan_piece(config, meta_model, plan, tp: int) -> Piece:
+def tp_pieces(config, meta_model, plan, tp: int) -> Piece:
     """``apply_tp``: ``parallelize_module`` with the model's plan, a dict from module names
     to ``ColwiseParallel``/``RowwiseParallel`` (``labkit/models/*_split.py``)."""
     imports = ("from torch.distributed.tensor.parallel import ColwiseParallel, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -32,7 +33,6 @@ def source_of(*objects) -> str:
                          for obj in objects)
 
 
-_STDLIB = {"argparse", "contextlib", "dataclasses", "json", "os", "statistics", "math"}
 
 
 def _name_key(name: str) -> tuple[int, str]:
@@ -62,11 +62,12 @@ def _section(lines: list[str]) -> list[str]:
 
 
 def imports_block(lines: list[str]) -> str:
+    """Import lines as isort writes them: the standard library, a blank line, the rest."""
     def root(line: str) -> str:
         return line.split()[1].split(".")[0]
 
-    stdlib = [line for line in lines if root(line) in _STDLIB]
-    other = [line for line in lines if root(line) not in _STDLIB]
+    stdlib = [line for line in lines if root(line) in sys.stdlib_module_names]
+    other = [line for line in lines if root(line) not in sys.stdlib_module_names]
     return "\n\n".join("\n".join(_section(s)) for s in (stdlib, other) if s)
 
 

@@ -107,7 +107,7 @@ def _data_rank(dims, layout) -> str:
     return dp or fsdp or "0"
 
 
-def _build_lines(run, engine, dims, model: str) -> tuple[list[str], list[str]]:
+def _build_lines(run, engine, model: str) -> tuple[list[str], list[str]]:
     """The model, then each parallelism in torchtitan's order."""
     config, layout, engines = run.config, run.layout, run.engines
     imports = ["import torch"]
@@ -183,7 +183,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
     family = run.config.model.name
     model = MODEL_CLASS[family]
     mesh, imports = _mesh_lines(dims)
-    build, more = _build_lines(run, engine, dims, model)
+    build, more = _build_lines(run, engine, model)
     opt, more2 = _optimizer_lines(run, engine, optimizer)
     imports = ("import argparse", "import torch.distributed as dist", *imports, *more, *more2)
     extra = ", dp_group" if engine == "naive" else ""

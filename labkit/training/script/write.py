@@ -15,7 +15,7 @@ from labkit.training.script.model import (
     MODEL_CLASS,
     data_piece,
     model_pieces,
-    tp_plan_piece,
+    tp_pieces,
 )
 from labkit.training.script.parallel import (
     data_parallel_pieces,
@@ -127,7 +127,7 @@ def script_text(run, command: str | None = None, cpu: bool = False,
     pieces = [_constants(run, stages), *model_pieces(config.model, run.engines.pipelined),
               data_piece(config.model), setup_piece(cpu)]
     if run.layout.tp > 1:
-        pieces += tp_plan_piece(config.model, meta, plan, run.layout.tp)
+        pieces += tp_pieces(config.model, meta, plan, run.layout.tp)
     if run.engines.pipelined:
         pieces += pipeline_pieces(config.model.name, run.engines.schedule)
     pieces += data_parallel_pieces(run, engine, shard_dims(run.layout))
