@@ -5,7 +5,8 @@
 # Checked: caps (labkit.runtime.cluster.hardware.check_capacity), an even share without a cap,
 # the fork/fresh launcher, host copies of CUDA results, the end-of-run synchronise, C++ output
 # through the pipes (c1-c7); DCP checkpoints, the GPT and the MoE GPT on CUDA (c8); with 2+
-# GPUs, cp=2 trained by torch's context_parallel against labkit's ring (c9).
+# GPUs, cp=2 trained by torch's context_parallel against labkit's ring (c9); the scripts
+# python -m labkit script writes, under torchrun on CUDA over NCCL (c10).
 # Then run every gpu-marked test: python -m pytest -m gpu tests/ (context_parallel's included).
 set -u
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || { echo "FAIL no GPU"; exit 1; }
@@ -222,8 +223,29 @@ def c9():  # 2+ GPUs only: cp=2 trained by PyTorch's context_parallel equals lab
         runs = {e: labkit.train(c, model=gpt, layout=labkit.Layout(cp=2), cp_engine=e, **kw) for e in ("auto", "ring")}
         gap = max(abs(x - y) for x, y in zip(runs["auto"].losses, runs["ring"].losses))
         check("cp=2 on 2 GPUs: torch context_parallel ran and trains as labkit's ring", runs["auto"].extra.get("cp_engine") == "torch context_parallel" and gap < 1e-4, f"{runs['auto'].extra.get('cp_engine')}, loss gap {gap:.2e}")
+def c10():  # the written scripts (python -m labkit script) on CUDA over NCCL: labkit's losses
+    import json, shutil, tempfile
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    n, env = 2 if G >= 2 else 1, {**os.environ, "PYTHONPATH": os.getcwd()}  # the repo root
+    names = ["ddp", "fsdp"] + (["tp", "1f1b"] if G >= 2 else [])
+    args = ["--model", "gpt", "--params", "30000", "--global-batch", "8", "--steps", "3", "--micro-batches", "2"]
+    with tempfile.TemporaryDirectory() as d:
+        def launch(*cmd):
+            r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(n), *cmd], cwd=d, env=env, capture_output=True, text=True, timeout=240)
+            assert r.returncode == 0, (r.stdout + r.stderr)[-400:]
+        launch("-m", "labkit", "train", *args, "--strategy", *names, "--out", f"{d}/r.json")
+        for name in names:
+            path = f"{d}/{name}.py"
+            r = subprocess.run([sys.executable, "-m", "labkit", "script", *args, "--strategy", name, "--world-size", str(n), "--out-script", path], env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr[-400:]
+            launch(path, "--out", f"{d}/{name}.json")
+            ours = json.load(open(f"{d}/{name}.json"))["losses"]
+            theirs = labkit.TrainReport.load(f"{d}/r.{name}.json" if len(names) > 1 else f"{d}/r.json").losses
+            gap = max(abs(x - y) / abs(y) for x, y in zip(ours, theirs))
+            check(f"the written {name} script on {n} GPU(s) over NCCL gives labkit train's losses", len(ours) == 3 and gap < 1e-4, f"relative gap {gap:.1e}")
 steps = [("1 NCCL rank", c1), ("shared GPUs", c2), ("cap check", c3), ("memory", c4),
-         ("init/timing", c5), ("doctor", c7), ("checkpoints, cp/MoE, planner", c8)] + ([("NCCL pipelines", c6), ("cp engines", c9)] if G >= 2 else [])
+         ("init/timing", c5), ("doctor", c7), ("checkpoints, cp/MoE, planner", c8),
+         ("written scripts", c10)] + ([("NCCL pipelines", c6), ("cp engines", c9)] if G >= 2 else [])
 for name, fn in steps:
     t0 = time.time()
     guard(name, fn)

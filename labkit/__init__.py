@@ -29,6 +29,7 @@ _PUBLIC = {
     "TrainConfig": "labkit.training.config",
     "TrainReport": "labkit.training.report",
     "train": "labkit.training.api",
+    "script": "labkit.training.script",
     "estimate_memory": "labkit.training.estimate",
     "format_bytes": "labkit.runtime.memory.units",
     "parse_bytes": "labkit.runtime.memory.units",

@@ -3,6 +3,7 @@
     python -m labkit doctor                               # is this machine ready?
     python -m labkit notebooks ~/labkit-lessons           # the learners' notebooks, to open
     torchrun --nproc-per-node 2 -m labkit train --strategy ddp --out report.json
+    python -m labkit script --strategy ddp --world-size 2 --out-script train.py  # plain torch
     python -m labkit release                              # course/ -> notebooks/ (learners')
     python -m labkit grade submissions/ --source course --out grades.csv
     python -m labkit docs --out site/                     # the web site, lessons executed
@@ -135,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torchrun.add_arguments(commands.add_parser(
         "train", help="train a zoo model (under torchrun: on every rank), write a JSON report"))
+    from labkit.training.script import cli as script_cli
+
+    script_cli.add_arguments(commands.add_parser(
+        "script", help="write the standalone PyTorch training script of the run that "
+                       "`train` would train with the same arguments"))
     _release_arguments(commands.add_parser(
         "release", help="write the learners' notebooks from the course sources (solutions "
                         "and hidden tests removed)"))
@@ -157,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return _grade(args)
     if args.command == "docs":
         return _docs(args)
+    if args.command == "script":
+        return script_cli.main(args, sys.argv[1:] if argv is None else argv)
     return torchrun.main(args)
 
 
