@@ -258,6 +258,26 @@ def test_a_lesson_executed_from_another_version_is_refused():
         lesson_page(executed, source, stem)
 
 
+def test_a_lesson_that_stopped_on_an_error_is_refused():
+    """Execution counts alone do not make a run: an error output (as ``nbconvert --execute
+    --allow-errors`` leaves) or papermill's failure mark is refused."""
+    stem = STEMS[0]
+    source = nbformat.read(COURSE / f"{stem}.ipynb", as_version=4)
+    executed = nbformat.from_dict(dict(source))
+    executed.cells = [nbformat.from_dict(dict(c)) for c in source.cells]
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    for count, cell in enumerate(code, 1):
+        cell.execution_count = count
+    code[2].outputs = [nbformat.v4.new_output("error", ename="RuntimeError", evalue="boom",
+                                              traceback=[])]
+    with pytest.raises(PageError, match=f"{stem}.ipynb failed in cell"):
+        lesson_page(executed, source, stem)
+    code[2].outputs = []
+    code[3].metadata["papermill"] = {"exception": True}
+    with pytest.raises(PageError, match=f"{stem}.ipynb failed in cell"):
+        lesson_page(executed, source, stem)
+
+
 def test_the_lessons_are_executed_one_by_one_with_progress(tmp_path):
     """``python -m labkit docs`` without ``--executed``: each course notebook under papermill,
     as it is (no parameters), a line per lesson; a failing one stops the build, named."""

@@ -58,6 +58,12 @@ def check_executed(executed, source, stem: str) -> None:
     if not code or any(c.execution_count is None for c in code):
         raise PageError(f"{stem}.ipynb has code cells that never ran: pass executed "
                         "notebooks (papermill's output, or LABKIT_LESSONS_DIR's)")
+    failed = [i for i, c in enumerate(executed.cells) if c.cell_type == "code"
+              and (c.metadata.get("papermill", {}).get("exception")
+                   or any(o.get("output_type") == "error" for o in c.get("outputs", [])))]
+    if failed:
+        raise PageError(f"{stem}.ipynb failed in cell {failed[0]}: a lesson's page shows a "
+                        "run that finished; execute it again and read the error there")
 
 
 def lesson_page(executed, source, stem: str) -> nbformat.NotebookNode:
