@@ -181,7 +181,45 @@ def test_the_install_cells_name_the_projects_repository():
     for path in sorted((REPO / "course").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
-        assert "except ImportError" in first and f"git+{url}" in first, path.name
+        assert "except ModuleNotFoundError" in first and f"git+{url}" in first, path.name
+
+
+_CELL_PROBE = r"""
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+source, fake = json.loads(sys.argv[1]), sys.argv[2]
+if fake:  # a labkit whose own import needs a module that is not there
+    sys.path.insert(0, fake)
+else:
+    sys.modules["labkit"] = None  # importing it raises ModuleNotFoundError, named labkit
+shell = InteractiveShell.instance()
+shell.register_magic_function(lambda line: print("pip:", line), "line", "pip")
+error = shell.run_cell(source).error_in_exec
+print("RESULT", type(error).__name__, getattr(error, "name", None), error)
+"""
+
+
+@pytest.mark.parametrize("missing", ["labkit", "a dependency"])
+def test_the_install_cell_stops_with_one_clear_message(missing, tmp_path):
+    """labkit missing and pip failing (no network here: ``%pip`` is stubbed): the cell tries
+    the install once and stops with one message saying what to do. Something labkit needs
+    missing instead: the cell installs nothing and shows that import's own error."""
+    cells = json.loads((REPO / "course" / f"{LESSON}.ipynb").read_text())["cells"]
+    first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    fake = ""
+    if missing != "labkit":
+        (tmp_path / "labkit").mkdir()
+        (tmp_path / "labkit" / "__init__.py").write_text("import labkit_needs_this\n")
+        fake = str(tmp_path)
+    out = _run([sys.executable, "-c", _CELL_PROBE, json.dumps(first), fake], tmp_path,
+               60).stdout
+    if missing == "labkit":
+        assert "labkit is not installed in this kernel" in out and "pip: install -q" in out
+        assert "RESULT SystemExit None labkit could not be installed" in out
+        assert "restart the kernel" in out
+    else:
+        assert "pip:" not in out and "not installed" not in out
+        assert "RESULT ModuleNotFoundError labkit_needs_this" in out
 
 
 def test_notebooks_keeps_a_learners_edits_unless_forced(tmp_path, capsys):
