@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "notebooks", help="copy the learners' notebooks and quizzes into a folder of yours")
     notebooks.add_argument("folder", type=Path, help="where they go (made if missing)")
     notebooks.add_argument("--force", action="store_true",
-                           help="overwrite files there that differ from the suite's copy")
+                           help="overwrite the files there you edited too (without it they "
+                                "are kept; files you did not edit are updated either way)")
     from labkit.training import torchrun
 
     torchrun.add_arguments(commands.add_parser(
