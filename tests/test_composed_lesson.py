@@ -169,8 +169,9 @@ def _setup_cells(**parameters) -> dict:
     nb = nbformat.read(COURSE / "07_putting_it_together.ipynb", as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     setup = next(c for c in code if "composed_layout =" in c)
+    (params,) = [c.source for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     namespace = {"display": lambda *args: None}
-    exec(code[0] + "".join(f"\n{k} = {v!r}" for k, v in parameters.items()), namespace)
+    exec(params + "".join(f"\n{k} = {v!r}" for k, v in parameters.items()), namespace)
     exec(setup, namespace)
     return namespace
 

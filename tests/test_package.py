@@ -14,6 +14,7 @@ compiles what is imported, once) and takes torch and the rest from its usual pla
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -160,9 +161,10 @@ def test_an_editable_install_reads_the_checkouts_notebooks(tmp_path):
     ``labkit/notebooks`` is the checkout's ``notebooks/``: importlib.resources finds them."""
     source = _source_copy(tmp_path)
     python = _fresh_venv(tmp_path / "env")
-    # built by this environment's setuptools, installed into the fresh one (--prefix)
-    _run(_pip("install", "-q", "--no-deps", "--no-build-isolation", "--prefix",
-              python.parent.parent, "-e", source), tmp_path, 300)
+    # built by this environment's setuptools, installed into the fresh one (--prefix);
+    # --ignore-installed, or pip would first uninstall this environment's own labkit-course
+    _run(_pip("install", "-q", "--no-deps", "--no-build-isolation", "--ignore-installed",
+              "--prefix", python.parent.parent, "-e", source), tmp_path, 300)
     # labkit's own imports need torch, which --no-deps leaves out: ask where the import
     # system puts the package, as importlib.resources.files("labkit") does.
     where = _run([python, "-c", "import importlib.util; "
@@ -173,6 +175,8 @@ def test_an_editable_install_reads_the_checkouts_notebooks(tmp_path):
     assert (notebooks / "quizzes" / f"{LESSON}.json").read_bytes() == \
         (source / "notebooks" / "quizzes" / f"{LESSON}.json").read_bytes()
     assert notebooks.resolve() == (source / "notebooks").resolve()
+    # and the suite's own environment still has its labkit (the tests after this one run it)
+    importlib.metadata.distribution("labkit-course")
 
 
 def test_the_install_cells_name_the_projects_repository():
