@@ -206,6 +206,14 @@ def test_the_slurm_script_launches_torchrun_with_arguments_both_parsers_accept(t
     [(config, _)] = _configs(parser.parse_args(launcher.training_script_args[1:]))
     resolve(config, 16, "cuda", "nccl")
     assert config.checkpoint_dir.endswith("checkpoints/lk") and config.checkpoint_every
+    # SCRIPT=...: the script labkit wrote, under the same launcher
+    printed = subprocess.run(["bash", str(script)], env={**env, "SCRIPT": "train.py"},
+                             capture_output=True, text=True, check=True).stdout
+    launcher = get_args_parser().parse_args(shlex.split(printed)[1:])
+    assert not launcher.module and launcher.nproc_per_node == "8"
+    assert launcher.max_restarts == 0  # it would start again from step 0
+    assert [launcher.training_script, *launcher.training_script_args] == [
+        "train.py", "--out", "losses-7.json"]
 
 
 def test_several_strategies_in_one_launch_checkpoint_into_folders_of_their_own():
