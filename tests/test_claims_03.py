@@ -7,6 +7,7 @@ once (tests/lessons.py) and every test here reads what it recorded.
 from __future__ import annotations
 
 from tests.lessons import (
+    COURSE,
     assert_each_cheaper_lever_fits_one_device,
     assert_out_of_one_device_by_half_again,
     lesson_fixture,
@@ -68,3 +69,29 @@ def test_the_measured_bubble_is_not_below_the_formulas(nb):
     """"Where the measured bubble is larger...": sends and unequal stages only add idle time."""
     bubble, theory = nb.results["bubble"], nb.results["theory"]
     assert all(bubble[name] > theory[name] - 0.05 for name in ("gpipe", "1f1b"))
+
+
+def test_the_same_run_in_plain_pytorch_gives_equal_losses(nb):
+    """"Equal, not merely close": torch's PipelineStage and schedules, driven by hand,
+    against labkit.train's gpipe and 1f1b runs."""
+    results = nb.results
+    assert results["plain_gpipe_equal"] and results["plain_1f1b_equal"]
+    assert results["plain_max_difference"] == {"GPipe": 0.0, "1F1B": 0.0}
+    [index] = nb.cells_with("def train_pipeline(")
+    source = nb.cell(index).source
+    for call in ("PipelineStage(", "Schedule1F1B", "ScheduleGPipe", "torch.optim.Adam("):
+        assert call in source, call
+    assert "labkit.train" not in source and "labkit.parallel" not in source
+    assert len(source.splitlines()) <= 40, "the plain function stays short"
+
+
+def test_the_lessons_run_is_written_as_a_script_for_torchrun(nb):
+    results = nb.results
+    script = COURSE / results["script_path"]
+    assert script.name.startswith("train_") and script.parent == COURSE
+    assert results["script_command"] == f"torchrun --nproc-per-node {results['stages']} " \
+                                        f"{script.name}"
+    text = script.read_text()
+    for call in ("init_device_mesh(", "PipelineStage(", "Schedule1F1B("):
+        assert call in text, call
+    assert f"MICRO_BATCHES = {results['micro_batches']}" in text

@@ -6,9 +6,12 @@ once (tests/lessons.py) and every test here reads what it recorded.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.lessons import (
+    COURSE,
     assert_each_cheaper_lever_fits_one_device,
     assert_out_of_one_device_by_half_again,
     lesson_fixture,
@@ -81,3 +84,40 @@ def test_the_links_table_says_plainly_which_figures_are_unverified(nb):
     cell = nb.cell(nb.cells_with("links_table()")[0])
     text = "".join(o.get("text", "") for o in cell.outputs)
     assert "UNSURE" not in text and "unverified:" in text
+
+
+def test_the_same_run_in_plain_pytorch_gives_equal_losses(nb):
+    """"Equal, not merely close": parallelize_module with a plan of ColwiseParallel and
+    RowwiseParallel on a mesh from init_device_mesh, against labkit.train's tp run."""
+    assert nb.results["plain_tp_equal"] and nb.results["plain_max_difference"] == 0.0
+    [index] = nb.cells_with("def train_tensor_parallel(")
+    source = nb.cell(index).source
+    for call in ("parallelize_module(", "ColwiseParallel(", "RowwiseParallel(",
+                 "init_device_mesh(", "torch.optim.Adam("):
+        assert call in source, call
+    assert "labkit.train" not in source and "labkit.parallel" not in source
+    assert len(source.splitlines()) <= 40, "the plain function stays short"
+
+
+def test_the_printed_weight_is_a_dtensor_sharded_by_output_features(nb):
+    """"its placement over the mesh (Shard(dim=0) ...) and the shape of the shard"."""
+    [index] = nb.cells_with("cluster.run(train_tensor_parallel")
+    printed = "".join(o.get("text", "") for o in nb.cell(index).outputs)
+    n = nb.results["world_size"]
+    found = re.search(r"a DTensor of global shape \((\d+), (\d+)\), placements "
+                      r"\(Shard\(dim=0\),\); this rank holds \((\d+), (\d+)\)", printed)
+    assert found, printed
+    rows, columns, local_rows, local_columns = map(int, found.groups())
+    assert (local_rows, local_columns) == (rows // n, columns)
+
+
+def test_the_lessons_run_is_written_as_a_script_for_torchrun(nb):
+    results = nb.results
+    script = COURSE / results["script_path"]
+    assert script.name.startswith("train_") and script.parent == COURSE
+    assert results["script_command"] == (f"torchrun --nproc-per-node {results['world_size']} "
+                                         f"{script.name}")
+    text = script.read_text()
+    for call in ("init_device_mesh(", "parallelize_module(", "ColwiseParallel()",
+                 "RowwiseParallel()"):
+        assert call in text, call

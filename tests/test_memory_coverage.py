@@ -1,7 +1,8 @@
 """The cap holds for what the device really holds: allocations in threads the learner's
-function starts, tensors kept in ctx.state from runs without a cap, and, checked against an
-independent instrument (the CPU allocator's own events, recorded by torch.profiler), the
-peak of two Adam steps of torch.nn models that are not from the zoo."""
+function starts, tensors kept in ctx.state from runs without a cap (not what earlier runs
+left in reference cycles), and, checked against an independent instrument (the CPU
+allocator's own events, recorded by torch.profiler), the peak of two Adam steps of torch.nn
+models that are not from the zoo."""
 
 from __future__ import annotations
 
@@ -62,6 +63,23 @@ def test_tensors_kept_while_uncapped_count_once_a_cap_is_set():
         assert info.value.breakdown["parameters"] == 1000 * 251 * 4
         assert info.value.breakdown["other"] >= 300_000
 
+
+def test_what_an_earlier_run_left_in_a_reference_cycle_is_not_charged_to_the_next(capped):
+    def leave_a_cycle(ctx):
+        cycle = {"tensor": torch.empty(600_000, dtype=torch.uint8)}
+        cycle["self"] = cycle  # unreachable once the run returns, freed only by the collector
+
+    def in_use(ctx):
+        return ctx.memory.live()["total"]
+
+    import gc
+
+    capped.run(lambda ctx: gc.disable())  # the collector must not run between the two jobs
+    try:
+        capped.run(leave_a_cycle)
+        assert capped.run(in_use) == [0]
+    finally:
+        capped.run(lambda ctx: gc.enable())
 
 # How far the tracked peak may be from the allocator's: exact (within rounding) everywhere but
 # oneDNN's convolutions, which reorder weights into workspaces no tensor holds (0.5% here;

@@ -10,6 +10,7 @@ whatever the rank prints, from Python or from C, is shown there.
 from __future__ import annotations
 
 import ctypes
+import gc
 import io
 import os
 import queue
@@ -196,6 +197,7 @@ def _call(ctx: RankContext, fn, args, kwargs):
     with what the tracker alone would miss made visible (``labkit/runtime/memory/coverage.py``)."""
     if getattr(ctx.memory, "device_capacity", None) is None:
         return fn(ctx, *args, **kwargs)
+    gc.collect()  # what earlier runs left in reference cycles is not this run's memory
     track_kept(ctx.memory, ctx.state)  # tensors kept from runs without a cap count too
     with ctx.memory, follow_threads(ctx.memory), countable_rnn_kernels():
         return fn(ctx, *args, **kwargs)
