@@ -101,3 +101,15 @@ def test_each_runs_step_splits_into_parts_that_add_up(nb):
         parts = [split[k] for k in ("lookup_s", "comm_s", "optimizer_s", "dense_s")]
         assert min(parts) >= 0 and sum(parts) == pytest.approx(split["step_s"]), name
         assert run["samples_per_s"] > 0, name
+
+
+def test_no_script_for_the_dlrm_and_the_refusal_says_why(nb):
+    """"Take it to your GPUs": labkit.script refuses the table-wise run and the DDP baseline
+    (both train the DLRM) and the printout names the tables as the reason."""
+    scripts = nb.results["scripts"]
+    assert set(scripts) == {"table-wise", f"DDP on {nb.results['world_size']}"}
+    for reason in scripts.values():
+        assert reason.startswith("refused: ") and "embedding tables" in reason, reason
+    [cell] = nb.cells_with("labkit.script(")
+    printed = "".join(o.get("text", "") for o in nb.cell(cell).outputs)
+    assert printed.count("refused: ") == 2

@@ -110,3 +110,28 @@ def test_the_composed_run_trains_as_one_device(nb):
 def test_the_estimator_traces_composed_layouts_too(nb):
     for name in FITTING:
         assert nb.results["runs"][name]["estimate_error"] < 0.10, name
+
+
+def test_the_same_2d_run_in_plain_pytorch_gives_the_same_losses(nb):
+    """"The same run, in plain PyTorch": init_device_mesh, parallelize_module on "tp" then
+    fully_shard on "dp", run on the lesson's ranks, and labkit's *both* step by step."""
+    [cell] = nb.cells_with("def train_2d_in_plain_pytorch(")
+    source = nb.cell(cell).source
+    for call in ("init_device_mesh(", 'mesh_dim_names=("dp", "tp")', "parallelize_module(",
+                 "ColwiseParallel()", "RowwiseParallel()", "fully_shard(", "cluster.run("):
+        assert call in source, call
+    assert source.index("parallelize_module(") < source.index("fully_shard(")  # torchtitan's
+    assert nb.results["plain_2d_equal"] and nb.results["plain_2d_gap"] < 1e-5
+    assert nb.results["plain_2d_losses"] == pytest.approx(nb.results["runs"]["both"]["losses"],
+                                                          abs=1e-5)
+
+
+def test_the_lesson_writes_its_script_next_to_the_notebook(nb):
+    """"Take it to your GPUs": labkit.script writes train_composed.py and shows it with the
+    torchrun command; it holds the mesh and the calls of labkit's *both*."""
+    assert nb.results["script_path"] == "train_composed.py"
+    [cell] = nb.cells_with("labkit.script(")
+    shown = "".join(o.get("data", {}).get("text/markdown", "") for o in nb.cell(cell).outputs)
+    assert "torchrun --nproc-per-node" in shown and "train_composed.py" in shown
+    for call in ("init_device_mesh(", "parallelize_module(", "replicate("):
+        assert call in shown, call

@@ -112,3 +112,22 @@ def test_at_the_opening_length_each_cheaper_lever_would_have_done_too(nb):
     cheaper = nb.results["cheaper"]
     assert len(cheaper) == 3, cheaper
     assert all(peak <= nb.results["capacity"] for peak in cheaper.values()), cheaper
+
+
+def test_the_same_cp_run_in_plain_pytorch_runs_on_gpus_and_stops_on_cpu_ranks(nb):
+    """"The same run, in plain PyTorch": context_parallel over an init_device_mesh "cp" mesh;
+    on CUDA ranks it trains labkit's losses, on CPU ranks it raises at the first attention
+    (the printed error) and labkit's own ring ran there instead."""
+    [cell] = nb.cells_with("def train_cp_in_plain_pytorch(")
+    source = nb.cell(cell).source
+    for call in ("init_device_mesh(", "context_parallel(", "cluster.run("):
+        assert call in source, call
+    plain = nb.results["plain_cp"]
+    if plain["device"] == "cuda":
+        assert plain["ran"] and plain["equal"] and plain["engine"] == "torch context_parallel"
+        return
+    assert not plain["ran"] and plain["engine"] == "labkit ring"
+    assert plain["refusal"].startswith("NotImplementedError")
+    assert "does not have a sharding strategy" in plain["refusal"]
+    printed = "".join(o.get("text", "") for o in nb.cell(cell).outputs)
+    assert plain["refusal"] in printed and "cpu ranks" in printed

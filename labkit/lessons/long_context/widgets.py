@@ -30,10 +30,14 @@ class SequenceExplorer:
         self.model, self.global_batch, self.steps = model, global_batch, steps
         self._cache: dict[int, dict] = {}
 
-    def _run(self, seq: int, layout: Layout) -> dict:
+    def config(self, seq: int, layout: Layout) -> TrainConfig:
+        """The run trained at ``seq`` tokens under ``layout``."""
         model = dataclasses.replace(self.model, seq_len=seq)
-        config = TrainConfig(model=model, layout=layout, global_batch=self.global_batch,
-                             steps=self.steps, optimizer="sgd", lr=0.1)
+        return TrainConfig(model=model, layout=layout, global_batch=self.global_batch,
+                           steps=self.steps, optimizer="sgd", lr=0.1)
+
+    def _run(self, seq: int, layout: Layout) -> dict:
+        config = self.config(seq, layout)
         with self.cluster.resized(layout.size):
             try:
                 report = train(self.cluster, config, memory_per_device=self.capacity,
