@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson_fixture
+from tests.lessons import COURSE, lesson_fixture
 
 SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
 
@@ -165,3 +165,28 @@ def test_weak_scaling_stays_above_strong_scaling(nb):
     assert results["strong"][n] == pytest.approx(_walk(results)[batch]["speedup"])
     assert results["strong"][n] < 1.0  # "where strong scaling no longer paid"
     assert results["weak"][n] > results["strong"][n] + 0.1  # "its line stays above"
+
+
+def _defining(nb, name: str) -> str:
+    """The source of the code cell that defines function ``name``."""
+    cells = nb.cells_with(f"def {name}(")
+    assert len(cells) == 1, f"one cell defines {name}"
+    return nb.cell(cells[0]).source
+
+
+def test_the_same_run_in_plain_pytorch_has_labkits_losses(nb):
+    source = _defining(nb, "train_with_ddp")
+    assert "DistributedDataParallel(" in source and "no_sync" in source
+    assert "labkit.train" not in source.split("plain_ddp =")[0]  # torch alone trains it
+    for run in ("plain_ddp", "plain_accumulation"):  # "Both tables say equal"
+        assert nb.results[f"{run}_equal"], run
+        assert nb.results[f"{run}_max_diff"] < 1e-5, run
+
+
+def test_the_lessons_run_is_written_as_a_script_with_its_torchrun_command(nb):
+    cells = nb.cells_with("labkit.script(")
+    assert len(cells) == 1
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", ""))
+                    for o in nb.cell(cells[0]).get("outputs", []))
+    assert "torchrun --nproc-per-node" in shown and "train_data_parallel.py" in shown
+    assert "DistributedDataParallel(" in (COURSE / "train_data_parallel.py").read_text()

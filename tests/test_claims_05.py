@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.lessons import lesson_fixture
+from tests.lessons import COURSE, lesson_fixture
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 
@@ -102,3 +102,28 @@ def test_on_one_device_fsdp_fits_a_model_ddp_does_not_ddps_buckets_are_why(nb, r
 
 def test_the_black_line_is_the_estimators_prediction_for_each_cell(nb):
     assert all(a >= 0.8 for a in nb.results["agreement"].values())
+
+
+def test_the_same_runs_in_plain_pytorch_have_labkits_losses(nb):
+    cells = nb.cells_with("def train_sharded(")
+    assert len(cells) == 1
+    source = nb.cell(cells[0]).source
+    for call in ("fully_shard(", "ZeroRedundancyOptimizer(", "MixedPrecisionPolicy(",
+                 "DistributedDataParallel("):
+        assert call in source, call
+    for run in ("fsdp", "zero1", "mixed"):  # "Every table says equal"
+        assert nb.results[f"plain_{run}_equal"], run
+        assert nb.results[f"plain_{run}_max_diff"] < 1e-5, run
+
+
+def test_the_bfloat16_runs_losses_are_not_the_fp32_runs(nb):
+    assert nb.results["bf16_shift"] > 1e-5  # beyond what rounding in another order moves
+
+
+def test_the_lessons_fsdp_run_is_written_as_a_script_with_its_torchrun_command(nb):
+    cells = nb.cells_with("labkit.script(")
+    assert len(cells) == 1
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", ""))
+                    for o in nb.cell(cells[0]).get("outputs", []))
+    assert "torchrun --nproc-per-node" in shown and "train_sharded_data_parallel.py" in shown
+    assert "fully_shard(" in (COURSE / "train_sharded_data_parallel.py").read_text()
