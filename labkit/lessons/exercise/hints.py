@@ -35,6 +35,12 @@ HINTS = {
         "backward). A row-parallel layer keeps weight.chunk(N, dim=1)[rank], sums the partial "
         "outputs with reduce_from_parallel_region, and adds the whole bias once, after the "
         "sum."),
+    "tensor_parallel_plan": (
+        "Print the block to see its modules' names. Each pair of linear layers is split the "
+        "Megatron way: the first by columns (ColwiseParallel(): attention's fused qkv, whose "
+        "columns are the heads, and the MLP's first linear), the second by rows "
+        "(RowwiseParallel(): attention's output projection and the MLP's last linear). The "
+        "norms, GELU and the residual adds stay out of the plan."),
     "zero1": (
         "Give each parameter one owner rank (balance the numbers each rank owns), build a "
         "torch Adam over this rank's parameters only, and after its step broadcast every "

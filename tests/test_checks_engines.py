@@ -1,0 +1,90 @@
+"""The exercises that call PyTorch's engines themselves (notebook 04's tensor-parallel plan,
+notebook 05's FSDP2 wrapping), both ways: the course's reference solution passes with full
+marks, typical wrong answers fail with the message meant for them, and the grader's way of
+calling an answer (``answers.Answer``, its source executed on the ranks) works too. The
+learner's code runs on the ranks of a real 2-rank cluster."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+import labkit
+from labkit.classroom.answers import Answer
+from labkit.lessons.exercise import result
+from tests.exercises import answer_source, solution
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
+
+
+def verdict(check, *args, status="failed") -> str:
+    found = check(*args)
+    assert found.status == status, str(found)
+    assert result.MIME_TYPE in found._repr_mimebundle_()
+    return str(found)
+
+
+# ----- 04: the tensor-parallel plan of a GPT block --------------------------------------------
+def plan_reference():
+    return solution("04_tensor_parallel", "tensor_parallel_plan_answer", "block_plan")
+
+
+def proj_by_columns(block):
+    return {"attn.qkv": ColwiseParallel(), "attn.proj": ColwiseParallel(),
+            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+
+
+def names_of_the_whole_gpt(block):
+    return {"blocks.0.attn.qkv": ColwiseParallel(), "blocks.0.attn.proj": RowwiseParallel(),
+            "blocks.0.mlp.0": ColwiseParallel(), "blocks.0.mlp.2": RowwiseParallel()}
+
+
+def mlp_only(block):
+    return {"mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+
+
+def gathers_instead(block):
+    """Right values, every weight split, but all-gathers where Megatron all-reduces."""
+    return {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+            "mlp.0": ColwiseParallel(output_layouts=Replicate()),
+            "mlp.2": ColwiseParallel(output_layouts=Replicate())}
+
+
+def test_the_course_plan_is_labkits_own():
+    from labkit.models.gpt_split import block_styles
+
+    block = labkit.lessons.tensor_parallel.gpt_block()
+    ours, labkits = plan_reference()(block), block_styles(block)
+    assert {k: type(v) for k, v in ours.items()} == {k: type(v) for k, v in labkits.items()}
+
+
+def test_tensor_parallel_plan_both_ways(two):
+    check = labkit.check.tensor_parallel_plan
+    found = check(two, plan_reference())
+    assert found.passed, str(found)
+    assert found.measured["forward"]["all_reduce"][0] == 2
+    assert found.measured["backward"]["all_reduce"][0] == 2
+    whole, held = found.measured["whole_bytes"], found.measured["held_bytes"]
+    assert all(0.5 < h / whole < 0.55 for h in held), held  # 1/N, and the few whole biases
+    assert found.measured["also_passed_on"] == 4
+    message = verdict(check, two, proj_by_columns)
+    assert message.startswith("tensor_parallel_plan: FAILED: attn.proj is column-split")
+    assert "split it by rows (RowwiseParallel())" in message
+    assert "names no module of the block" in verdict(check, two, names_of_the_whole_gpt)
+    message = verdict(check, two, mlp_only)
+    assert "attn.qkv is not in the plan: its weight stays whole on every rank" in message
+    assert "attn.qkv.weight is of shape (96, 32) on each rank (the whole tensor)" in message
+    message = verdict(check, two, gathers_instead)
+    assert "mlp.2 is column-split" in message and "2 all_gather" in message
+
+
+def test_tensor_parallel_plan_as_the_grader_calls_it(two):
+    source = answer_source("04_tensor_parallel", "tensor_parallel_plan_answer")
+    graded = Answer("block_plan", (source,), {})
+    assert labkit.check.tensor_parallel_plan(two, graded).passed
+    unwritten = Answer("block_plan", ("def block_plan(block):\n    raise NotImplementedError()",),
+                       {})
+    verdict(labkit.check.tensor_parallel_plan, two, unwritten, status="not attempted")
