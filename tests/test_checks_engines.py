@@ -88,3 +88,88 @@ def test_tensor_parallel_plan_as_the_grader_calls_it(two):
     unwritten = Answer("block_plan", ("def block_plan(block):\n    raise NotImplementedError()",),
                        {})
     verdict(labkit.check.tensor_parallel_plan, two, unwritten, status="not attempted")
+
+
+# ----- 05: FSDP2 on a GPT ---------------------------------------------------------------------
+def fsdp_reference():
+    return solution("05_sharded_data_parallel", "fully_shard_model_answer", "shard_model")
+
+
+def blocks_only(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+
+
+def root_only(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model, mesh=mesh)
+
+
+def root_first(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model, mesh=mesh)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+
+
+def every_linear(model, mesh):
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def test_fully_shard_model_both_ways(two):
+    check = labkit.check.fully_shard_model
+    found = check(two, fsdp_reference())
+    assert found.passed, str(found)
+    whole = found.measured["whole_bytes"]
+    assert all(h / whole <= 0.51 for h in found.measured["held_bytes"])  # ~1/N at rest
+    assert all(p < whole for p in found.measured["parameter_peaks"])     # below DDP's
+    assert found.measured["units"] == ["", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert found.measured["also_passed_on"] == 4
+    message = verdict(check, two, blocks_only)
+    assert message.startswith("fully_shard_model: FAILED: the root is not wrapped")
+    assert "differs from one device's" in message  # the embeddings' gradients not averaged
+    message = verdict(check, two, root_only)
+    assert message.startswith("fully_shard_model: FAILED: only the root is wrapped")
+    assert "in one all-gather" in message and "more than the" in message
+    assert "ran before the blocks'" in verdict(check, two, root_first)
+
+
+def test_smaller_units_lower_the_peak_and_run_more_collectives(two):
+    """The lesson: "the smaller the units, the lower the peak, and the more collectives"."""
+    blocks = labkit.check.fully_shard_model(two, fsdp_reference())
+    linears = labkit.check.fully_shard_model(two, every_linear)
+    assert "are not FSDP units of their own" in str(linears)  # the exercise asks for blocks
+    assert max(linears.measured["parameter_peaks"]) < min(blocks.measured["parameter_peaks"])
+    gathers = [m.measured["passes"][-1][0]["all_gather"][0] for m in (blocks, linears)]
+    assert gathers[0] == 5 and gathers[1] > gathers[0]  # root + 4 blocks; 16 linears + head + root
+
+
+def test_fully_shard_model_as_the_grader_calls_it(two):
+    source = answer_source("05_sharded_data_parallel", "fully_shard_model_answer")
+    assert labkit.check.fully_shard_model(two, Answer("shard_model", (source,), {})).passed
+
+
+def test_the_learners_copies_hold_the_stubs_not_the_solutions():
+    import nbformat
+
+    from tests.exercises import COURSE
+
+    for stem, grade_id, solution_line in [
+            ("04_tensor_parallel", "tensor_parallel_plan_answer", '"attn.proj": RowwiseParallel()'),
+            ("05_sharded_data_parallel", "fully_shard_model_answer", "fully_shard(block, mesh")]:
+        learners = nbformat.read(COURSE.parent / "notebooks" / f"{stem}.ipynb", as_version=4)
+        cell = next(c for c in learners.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        assert "raise NotImplementedError()" in cell.source, stem
+        assert solution_line not in cell.source, stem
+        assert solution_line in answer_source(stem, grade_id), stem

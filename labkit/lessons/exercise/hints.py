@@ -45,6 +45,10 @@ HINTS = {
         "Give each parameter one owner rank (balance the numbers each rank owns), build a "
         "torch Adam over this rank's parameters only, and after its step broadcast every "
         "parameter from its owner, so that every rank holds every updated weight."),
+    "fully_shard_model": (
+        "A unit is what FSDP gathers whole at once. Loop over model.blocks and call "
+        "fully_shard(block, mesh=mesh) on each, then fully_shard(model, mesh=mesh) once, last: "
+        "the root takes the parameters that no block took (embeddings, final norm, head)."),
     "place_tables": (
         "Greedy works: take the tables from largest to smallest and put each on the rank that "
         "holds the fewest bytes so far. Check that no rank ends above the capacity."),
