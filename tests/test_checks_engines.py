@@ -81,6 +81,14 @@ def test_tensor_parallel_plan_both_ways(two):
     assert "mlp.2 is column-split" in message and "2 all_gather" in message
 
 
+def test_the_hand_written_layers_as_the_grader_calls_them(two):
+    """An answer the grader hands the check is labkit's Answer object, not a labkit class."""
+    source = answer_source("04_tensor_parallel", "tensor_parallel_linears_answer")
+    column, row = (Answer(name, (source,), {}) for name in ("ColumnParallelLinear",
+                                                            "RowParallelLinear"))
+    assert labkit.check.tensor_parallel_linears(two, column, row).passed
+
+
 def test_tensor_parallel_plan_as_the_grader_calls_it(two):
     source = answer_source("04_tensor_parallel", "tensor_parallel_plan_answer")
     graded = Answer("block_plan", (source,), {})

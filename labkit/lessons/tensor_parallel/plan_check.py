@@ -173,5 +173,6 @@ def _check(cluster, plan_fn, timeout: float | None) -> CheckResult:
     return passed(EXERCISE, f"the split block equals one device's, forward and backward, on "
                   f"every rank; each rank holds {shares} of the block's "
                   f"{format_bytes(ref['whole_bytes'])} of parameters (every weight 1/N; the "
-                  "norms and the biases of attn.proj and mlp.2 stay whole), with 2 all-reduces "
-                  "forward and 2 backward.", **measured)
+                  "norms and the biases of attn.proj and mlp.2 stay whole), with "
+                  + ("2 all-reduces forward and 2 backward." if n > 1 else
+                     "no collective (one rank)."), **measured)
