@@ -34,6 +34,14 @@ from labkit.lessons.planning.check import all_reduce_seconds  # noqa: E402
 
 __all__ += ["all_reduce_seconds"]
 
+from labkit.lessons.tensor_parallel.plan_check import tensor_parallel_plan  # noqa: E402
+
+__all__ += ["tensor_parallel_plan"]
+
+from labkit.lessons.sharding.fsdp_check import fully_shard_model  # noqa: E402
+
+__all__ += ["fully_shard_model"]
+
 from labkit.lessons.exercise.hints import hint  # noqa: E402
 from labkit.lessons.exercise.solutions import reveal  # noqa: E402
 

@@ -35,10 +35,20 @@ HINTS = {
         "backward). A row-parallel layer keeps weight.chunk(N, dim=1)[rank], sums the partial "
         "outputs with reduce_from_parallel_region, and adds the whole bias once, after the "
         "sum."),
+    "tensor_parallel_plan": (
+        "Print the block to see its modules' names. Each pair of linear layers is split the "
+        "Megatron way: the first by columns (ColwiseParallel(): attention's fused qkv, whose "
+        "columns are the heads, and the MLP's first linear), the second by rows "
+        "(RowwiseParallel(): attention's output projection and the MLP's last linear). The "
+        "norms, GELU and the residual adds stay out of the plan."),
     "zero1": (
         "Give each parameter one owner rank (balance the numbers each rank owns), build a "
         "torch Adam over this rank's parameters only, and after its step broadcast every "
         "parameter from its owner, so that every rank holds every updated weight."),
+    "fully_shard_model": (
+        "A unit is what FSDP gathers whole at once. Loop over model.blocks and call "
+        "fully_shard(block, mesh=mesh) on each, then fully_shard(model, mesh=mesh) once, last: "
+        "the root takes the parameters that no block took (embeddings, final norm, head)."),
     "place_tables": (
         "Greedy works: take the tables from largest to smallest and put each on the rank that "
         "holds the fewest bytes so far. Check that no rank ends above the capacity."),

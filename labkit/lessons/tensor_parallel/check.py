@@ -177,7 +177,9 @@ def tensor_parallel_linears(cluster, column_class, row_class,
     """Check the two classes, chained column -> ReLU -> row, on every rank of ``cluster``."""
     n = cluster.world_size
     for cls in (column_class, row_class):
-        borrowed = [c for c in getattr(cls, "__mro__", [cls])
+        # a class's own ancestry only: the grader passes an answer (labkit.classroom's
+        # Answer, executed on the ranks), whose type is labkit's but whose classes are not
+        borrowed = [c for c in getattr(cls, "__mro__", [])
                     if getattr(c, "__module__", "").split(".")[0] == "labkit"]
         if borrowed:
             return failed(EXERCISE, f"{getattr(cls, '__name__', cls)} is (or derives from) "
