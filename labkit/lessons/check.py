@@ -34,6 +34,12 @@ from labkit.lessons.planning.check import all_reduce_seconds  # noqa: E402
 
 __all__ += ["all_reduce_seconds"]
 
+from labkit.lessons.checkpoints.dcp_check import dcp_resume  # noqa: E402
+from labkit.lessons.layouts.compose_check import compose_mesh  # noqa: E402
+from labkit.lessons.pipeline.schedule_check import pipeline_schedule  # noqa: E402
+
+__all__ += ["compose_mesh", "dcp_resume", "pipeline_schedule"]
+
 from labkit.lessons.exercise.hints import hint  # noqa: E402
 from labkit.lessons.exercise.solutions import reveal  # noqa: E402
 
