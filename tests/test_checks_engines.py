@@ -204,3 +204,30 @@ def test_the_learners_copy_has_the_stub(stem):
               if c.metadata.get("nbgrader", {}).get("grade_id") == f"{NEW[stem]}_check"]
     assert len(checks) == 1 and "assert_passed" not in checks[0].source
     assert checks[0].metadata["nbgrader"]["points"] == 2
+
+
+# ----- answers that dodge the engine ----------------------------------------------------------
+def mesh_only(ctx, model, tp_plan, dp, tp):
+    """The right mesh, and the model left whole on every rank: right values, no parallelism."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def no_schedule(ctx, part, micro_batches, loss_fn):
+    return part
+
+
+def save_nothing(model, optimizer, step, folder):
+    return None
+
+
+def test_answers_that_skip_the_engine_fail(two):
+    said = verdict(labkit.check.pipeline_schedule, two, no_schedule)
+    assert "returned Sequential, not a schedule" in said
+    load = solution("10_when_a_gpu_dies", "dcp_resume_answer", "load_checkpoint")
+    said = verdict(labkit.check.dcp_resume, two, save_nothing, load)
+    assert "save_checkpoint wrote no DCP checkpoint" in said
+    with resized(two, 4) as four:
+        said = verdict(labkit.check.compose_mesh, four, mesh_only)
+        assert "sharded over no mesh" in said

@@ -47,22 +47,24 @@ def _job(ctx, save, load, seed: int) -> dict:
             optimizer)
         save(model, optimizer, SAVED_AT, folder[0])
         dist.barrier()
-        saved = _saved_keys(folder[0])
+        saved = _saved_keys(folder[0])  # the same folder, the same answer on every rank
+        if not saved["readable"]:
+            return {"saved": saved}
         uninterrupted = _train(ctx, model, optimizer, range(SAVED_AT, STEPS))
         model, optimizer = _fresh(ctx, seed=seed + 1)  # other weights, no optimizer state
         step = load(model, optimizer, folder[0])
-        weights_back = _same([p.detach() for p in model.parameters()], weights)
-        moments_back = _same(_adam_state(optimizer), moments)
+        found = {"weights_back": _same([p.detach() for p in model.parameters()], weights),
+                 "moments_back": _same(_adam_state(optimizer), moments)}
         if isinstance(step, torch.Tensor) and step.numel() == 1:
             step = step.item()
         resumed = (_train(ctx, model, optimizer, range(step, STEPS))
-                   if isinstance(step, int) and 0 <= step <= STEPS else [])
+                   if type(step) is int and 0 <= step <= STEPS else [])
     finally:
         dist.barrier()
         if ctx.rank == 0:
             shutil.rmtree(folder[0], ignore_errors=True)
-    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step,
-            "weights_back": weights_back, "moments_back": moments_back, "saved": saved}
+    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step, "saved": saved,
+            **found}
 
 
 def _saved_keys(folder: str) -> dict:
@@ -78,11 +80,11 @@ def _saved_keys(folder: str) -> dict:
 
 def _judge(values: list[dict]) -> CheckResult:
     r = values[0]
-    losses = (f"its losses {_fmt(r['resumed'])} differ from the uninterrupted run's "
-              f"{_fmt(r['uninterrupted'])}")
     if not r["saved"]["readable"]:
         return failed(EXERCISE, "save_checkpoint wrote no DCP checkpoint in the folder: call "
                       "torch.distributed.checkpoint.save(state, checkpoint_id=folder)")
+    losses = (f"its losses {_fmt(r['resumed'])} differ from the uninterrupted run's "
+              f"{_fmt(r['uninterrupted'])}")
     if not all(v["weights_back"] for v in values):
         return failed(EXERCISE, "load_checkpoint did not put the weights back: the fresh "
                       "model still has its own. dcp.load fills, in place, only the state dict "
