@@ -42,6 +42,12 @@ from labkit.lessons.sharding.fsdp_check import fully_shard_model  # noqa: E402
 
 __all__ += ["fully_shard_model"]
 
+from labkit.lessons.checkpoints.dcp_check import dcp_resume  # noqa: E402
+from labkit.lessons.layouts.compose_check import compose_mesh  # noqa: E402
+from labkit.lessons.pipeline.schedule_check import pipeline_schedule  # noqa: E402
+
+__all__ += ["compose_mesh", "dcp_resume", "pipeline_schedule"]
+
 from labkit.lessons.exercise.hints import hint  # noqa: E402
 from labkit.lessons.exercise.solutions import reveal  # noqa: E402
 

@@ -68,6 +68,19 @@ HINTS = {
         "state_dict returns a dict of the model's and optimizer's state (get_state_dict gives "
         "both) and the step; load_state_dict puts them back with set_state_dict and restores "
         "the step."),
+    "pipeline_schedule": (
+        "Each rank builds PipelineStage(part, stage_index=ctx.rank, num_stages=ctx.world_size, "
+        "device=ctx.device), then ScheduleGPipe(stage, n_microbatches=micro_batches, "
+        "loss_fn=loss_fn) on every rank: a schedule without a loss_fn runs no backward."),
+    "dcp_resume": (
+        "Save {\"model\": ..., \"optimizer\": ..., \"step\": step} from get_state_dict(model, "
+        "optimizer) with dcp.save(state, checkpoint_id=folder). To load, build the same dict "
+        "from the fresh model and optimizer, dcp.load it (in place), put it back with "
+        "set_state_dict and return its step."),
+    "compose_mesh": (
+        "init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=(\"dp\", \"tp\")); "
+        "parallelize_module(model, mesh[\"tp\"], tp_plan) first, then fully_shard(model, "
+        "mesh=mesh[\"dp\"]); return the mesh."),
 }
 
 
