@@ -113,14 +113,21 @@ def test_the_estimator_traces_composed_layouts_too(nb):
 
 
 def test_the_same_2d_run_in_plain_pytorch_gives_the_same_losses(nb):
-    """"The same run, in plain PyTorch": init_device_mesh, parallelize_module on "tp" then
-    fully_shard on "dp", run on the lesson's ranks, and labkit's *both* step by step."""
+    """"The same run, in plain PyTorch": the learner's compose() (init_device_mesh,
+    parallelize_module on "tp" then fully_shard on "dp") under a plain training loop, run on
+    the lesson's ranks, and labkit's *both* step by step."""
     [cell] = nb.cells_with("def train_2d_in_plain_pytorch(")
     source = nb.cell(cell).source
-    for call in ("init_device_mesh(", 'mesh_dim_names=("dp", "tp")', "parallelize_module(",
-                 "ColwiseParallel()", "RowwiseParallel()", "fully_shard(", "cluster.run("):
+    for call in ("ColwiseParallel()", "RowwiseParallel()", "= compose(ctx, model, plan",
+                 "cluster.run(", 'answer="compose"'):
         assert call in source, call
-    assert source.index("parallelize_module(") < source.index("fully_shard(")  # torchtitan's
+    [answer] = nb.cells_with("def compose(")
+    answer = nb.cell(answer).source
+    for call in ("init_device_mesh(", 'mesh_dim_names=("dp", "tp")', "parallelize_module(",
+                 "fully_shard("):
+        assert call in answer, call
+    assert answer.index("parallelize_module(") < answer.index("fully_shard(")  # torchtitan's
+    assert answer_cell_comes_first(nb, "def compose(", "def train_2d_in_plain_pytorch(")
     assert nb.results["plain_2d_equal"] and nb.results["plain_2d_gap"] < 1e-5
     assert nb.results["plain_2d_losses"] == pytest.approx(nb.results["runs"]["both"]["losses"],
                                                           abs=1e-5)
@@ -135,3 +142,8 @@ def test_the_lesson_writes_its_script_next_to_the_notebook(nb):
     assert "torchrun --nproc-per-node" in shown and "train_composed.py" in shown
     for call in ("init_device_mesh(", "parallelize_module(", "replicate("):
         assert call in shown, call
+
+
+def answer_cell_comes_first(nb, answer: str, plain: str) -> bool:
+    """The exercise's cell comes before the plain run that calls it."""
+    return nb.cells_with(answer)[0] < nb.cells_with(plain)[0]

@@ -81,14 +81,20 @@ def test_on_the_largest_cluster_communication_and_bubble_take_most_of_the_step(p
 
 
 def test_the_same_save_and_resume_in_plain_pytorch_gives_the_same_losses(nb):
-    """"The same run, in plain PyTorch": get_state_dict, dcp.save, a fresh model, dcp.load and
-    set_state_dict on the lesson's ranks give the losses of labkit's resumed run, which are
+    """"The same run, in plain PyTorch": the learner's save_checkpoint and load_checkpoint
+    (get_state_dict, dcp.save; dcp.load, set_state_dict) under a plain FSDP2 loop, a fresh
+    model resumed on the lesson's ranks, give the losses of labkit's resumed run, which are
     the uninterrupted run's."""
     [cell] = nb.cells_with("def train_save_resume_in_plain_pytorch(")
     source = nb.cell(cell).source
-    for call in ("torch.distributed.checkpoint", "get_state_dict(", "dcp.save(", "dcp.load(",
-                 "set_state_dict(", "fully_shard(", "cluster.run("):
+    for call in ("save_checkpoint(model, optimizer, resume_at, folder)",
+                 "load_checkpoint(model, optimizer, folder)", "fully_shard(", "cluster.run("):
         assert call in source, call
+    [answer] = nb.cells_with("def save_checkpoint(")  # the exercise, before the plain run
+    assert answer < cell
+    for call in ("torch.distributed.checkpoint", "get_state_dict(", "dcp.save(", "dcp.load(",
+                 "set_state_dict("):
+        assert call in nb.cell(answer).source, call
     results = nb.results
     assert results["plain_dcp_equal"] and results["plain_dcp_gap"] < 1e-5
     assert 0 < results["plain_dcp_resumed_at"] < results["steps"]

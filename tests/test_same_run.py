@@ -23,3 +23,24 @@ def test_equal_within_the_tolerance_and_different_beyond_it():
     assert off.max_difference == pytest.approx(0.1)
     with pytest.raises(ValueError, match="same config"):
         compare_losses([2.0], [[2.0, 1.0]])
+
+
+def test_a_run_that_calls_an_unwritten_answer_says_so_and_others_raise():
+    from labkit.runtime.cluster.errors import RankError
+
+    def unwritten():
+        raise RankError(0, "NotImplementedError", exception=NotImplementedError())
+
+    waiting = compare_losses([1.0], unwritten, name="dp x tp", answer="compose")
+    assert waiting.equal is None and waiting.plain is None and waiting.max_difference is None
+    assert "your `compose` from" in str(waiting) and "write it," in str(waiting) and "<i>" in waiting._repr_html_()
+
+    def broken():
+        raise RankError(0, "ValueError: wrong", exception=ValueError("wrong"))
+
+    with pytest.raises(RankError):
+        compare_losses([1.0], broken, answer="compose")
+    assert compare_losses([1.0], lambda: [[1.0]], answer="compose").equal
+    two = compare_losses([1.0], unwritten, answer=("save_checkpoint", "load_checkpoint"))
+    assert "your `save_checkpoint` and `load_checkpoint` from" in str(two)
+    assert "write them," in str(two)
