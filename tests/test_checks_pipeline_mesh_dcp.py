@@ -37,47 +37,41 @@ def _stage(ctx, part, index=None, num_stages=None):
                          num_stages=num_stages or ctx.world_size, device=ctx.device)
 
 
-def one_f_one_b(ctx, part, micro_batches, loss_fn):
+def one_f_one_b(ctx, part, micro_batches, loss_fn, schedule_class):
     from torch.distributed.pipelining import Schedule1F1B
 
     return Schedule1F1B(_stage(ctx, part), n_microbatches=micro_batches, loss_fn=loss_fn)
 
 
-def every_rank_stage_zero(ctx, part, micro_batches, loss_fn):
-    from torch.distributed.pipelining import ScheduleGPipe
-
-    return ScheduleGPipe(_stage(ctx, part, index=0), n_microbatches=micro_batches,
-                         loss_fn=loss_fn)
+def every_rank_stage_zero(ctx, part, micro_batches, loss_fn, schedule_class):
+    return schedule_class(_stage(ctx, part, index=0), n_microbatches=micro_batches,
+                          loss_fn=loss_fn)
 
 
-def no_loss_on_the_last_stage(ctx, part, micro_batches, loss_fn):
-    from torch.distributed.pipelining import ScheduleGPipe
-
-    return ScheduleGPipe(_stage(ctx, part), n_microbatches=micro_batches,
-                         loss_fn=loss_fn if ctx.rank == 0 else None)
+def no_loss_on_the_last_stage(ctx, part, micro_batches, loss_fn, schedule_class):
+    return schedule_class(_stage(ctx, part), n_microbatches=micro_batches,
+                          loss_fn=loss_fn if ctx.rank == 0 else None)
 
 
-def loss_on_the_last_stage_only(ctx, part, micro_batches, loss_fn):
+def loss_on_the_last_stage_only(ctx, part, micro_batches, loss_fn, schedule_class):
     """What the docs' picture suggests; rank 0's Schedule1F1B then runs no backward and the
     two ranks wait on each other for ever."""
-    from torch.distributed.pipelining import Schedule1F1B
-
-    return Schedule1F1B(_stage(ctx, part), n_microbatches=micro_batches,
-                        loss_fn=loss_fn if ctx.rank == 1 else None)
+    return schedule_class(_stage(ctx, part), n_microbatches=micro_batches,
+                          loss_fn=loss_fn if ctx.rank == 1 else None)
 
 
-def three_micro_batches(ctx, part, micro_batches, loss_fn):
-    from torch.distributed.pipelining import ScheduleGPipe
-
-    return ScheduleGPipe(_stage(ctx, part), n_microbatches=3, loss_fn=loss_fn)
+def three_micro_batches(ctx, part, micro_batches, loss_fn, schedule_class):
+    return schedule_class(_stage(ctx, part), n_microbatches=3, loss_fn=loss_fn)
 
 
 def test_pipeline_schedule_both_ways(two):
     reference = solution("03_pipeline_parallel", "pipeline_schedule_answer",
                          "pipeline_schedule")
     check = labkit.check.pipeline_schedule
-    assert "equal one device's" in verdict(check, two, reference, status="passed")
-    assert "Schedule1F1B" in verdict(check, two, one_f_one_b, status="passed")
+    said = verdict(check, two, reference, status="passed")
+    assert "equal one device's" in said and "ScheduleGPipe and Schedule1F1B" in said
+    said = verdict(check, two, one_f_one_b)  # the class it was given is not the one it built
+    assert "returned a Schedule1F1B when it was given schedule_class=ScheduleGPipe" in said
     said = verdict(check, two, every_rank_stage_zero)
     assert "rank 1's PipelineStage is stage_index 0 of num_stages 2" in said
     assert "the last stage's schedule has no loss_fn" in verdict(check, two,
@@ -214,7 +208,7 @@ def mesh_only(ctx, model, tp_plan, dp, tp):
     return init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
-def no_schedule(ctx, part, micro_batches, loss_fn):
+def no_schedule(ctx, part, micro_batches, loss_fn, schedule_class):
     return part
 
 

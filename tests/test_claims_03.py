@@ -79,8 +79,12 @@ def test_the_same_run_in_plain_pytorch_gives_equal_losses(nb):
     assert results["plain_max_difference"] == {"GPipe": 0.0, "1F1B": 0.0}
     [index] = nb.cells_with("def train_pipeline(")
     source = nb.cell(index).source
-    for call in ("PipelineStage(", "Schedule1F1B", "ScheduleGPipe", "torch.optim.Adam("):
+    for call in ("pipeline_schedule(ctx, mine", "Schedule1F1B", "ScheduleGPipe",
+                 "torch.optim.Adam("):
         assert call in source, call
+    # the stage and schedule are the learner's, from the exercise before it
+    [answer] = nb.cells_with("def pipeline_schedule(")
+    assert answer < index and "PipelineStage(" in nb.cell(answer).source
     assert "labkit.train" not in source and "labkit.parallel" not in source
     assert len(source.splitlines()) <= 40, "the plain function stays short"
 

@@ -1,13 +1,14 @@
 """Notebook 03's second exercise: PyTorch's own pipeline, wired by the learner.
 
-The learner writes ``pipeline_schedule(ctx, part, micro_batches, loss_fn)``: each of two ranks
-holds ``part``, its half of an MLP, and returns a schedule (``ScheduleGPipe`` or
-``Schedule1F1B``) over a ``torch.distributed.pipelining.PipelineStage`` built from it. The
-check reads how the stage and the schedule were wired (stage index, number of stages, the
-loss on the last stage, the number of micro-batches) before any rank steps, so that a miswired
-pipeline is named instead of hanging; then rank 0 calls ``schedule.step(inputs)`` and rank 1
-``schedule.step(target=targets, losses=losses)``, and the loss and each stage's gradients are
-compared here with one device's on the whole batch, from a seed drawn for each run.
+The learner writes ``pipeline_schedule(ctx, part, micro_batches, loss_fn, schedule_class)``:
+each of two ranks holds ``part``, its half of an MLP, and returns a ``schedule_class``
+(``ScheduleGPipe`` or ``Schedule1F1B``) over a ``torch.distributed.pipelining.PipelineStage``
+built from it. The check runs it once with each class. It reads how the stage and the schedule
+were wired (their class, stage index, number of stages, the loss on the last stage, the number
+of micro-batches) before any rank steps, so that a miswired pipeline is named instead of
+hanging; then rank 0 calls ``schedule.step(inputs)`` and rank 1 ``schedule.step(target=targets,
+losses=losses)``, and the loss and each stage's gradients are compared here with one device's
+on the whole batch, from a seed drawn for each run.
 
 The schedule's stage and settings are read from its attributes (``_stage``, ``_n_microbatches``,
 ``_loss_fn``: private, pinned by ``tests/test_checks_pipeline_mesh_dcp.py``).
@@ -26,6 +27,7 @@ from labkit.lessons.exercise.runner import run_checked
 EXERCISE = "pipeline_schedule"
 WHERE = "pipeline_schedule"
 D_IN, D_HIDDEN, D_OUT, BATCH, MICRO_BATCHES = 16, 32, 4, 16, 4
+KINDS = ("ScheduleGPipe", "Schedule1F1B")  # each schedule_class the check asks for
 HANG_HINT = ("both ranks must build their stage and schedule the same way: stage_index "
              "ctx.rank of num_stages ctx.world_size, and the same number of micro-batches")
 
@@ -63,13 +65,14 @@ def _wiring(ctx, schedule) -> dict:
             "loss_fn": schedule._loss_fn is not None}
 
 
-def _job(ctx, fn, seed: int) -> dict:
+def _job(ctx, fn, seed: int, kind: str) -> dict:
     import torch.distributed as dist
+    from torch.distributed import pipelining
 
     model, inputs, targets = _model_and_batch(seed)
     part = _part(model.to(ctx.device), ctx.rank)
-    schedule = fn(ctx, part, MICRO_BATCHES, F.mse_loss)
-    wiring = _wiring(ctx, schedule)
+    schedule = fn(ctx, part, MICRO_BATCHES, F.mse_loss, getattr(pipelining, kind))
+    wiring = {**_wiring(ctx, schedule), "asked": kind}
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, wiring)  # step only if every rank is wired to: no hang
     if any(_wiring_problem(r, w) for r, w in enumerate(everyone)):
@@ -88,6 +91,9 @@ def _job(ctx, fn, seed: int) -> dict:
 def _wiring_problem(rank: int, w: dict) -> str | None:
     if w["problem"]:
         return w["problem"]
+    if w["schedule"] != w["asked"]:
+        return (f"rank {rank}'s pipeline_schedule returned a {w['schedule']} when it was given "
+                f"schedule_class={w['asked']}: build the schedule_class it is given")
     if (w["stage_index"], w["num_stages"]) != (rank, 2):
         return (f"rank {rank}'s PipelineStage is stage_index {w['stage_index']} of num_stages "
                 f"{w['num_stages']}: it is stage {rank} of 2 (stage_index=ctx.rank, "
@@ -150,7 +156,13 @@ def pipeline_schedule(cluster, fn, timeout: float | None = None) -> CheckResult:
     if cluster.world_size != 2:
         return failed(EXERCISE, f"the exercise is a two-stage pipeline: check it on a 2-rank "
                       f"cluster (this one has {cluster.world_size})")
-    seed = fresh_seed()
-    outcome = run_checked(cluster, EXERCISE, WHERE, _job, fn, seed, timeout=timeout,
-                          hang_hint=HANG_HINT)
-    return outcome.verdict or _judge(outcome.values, seed)
+    for kind in KINDS:  # each a run of its own, from a seed of its own
+        seed = fresh_seed()
+        outcome = run_checked(cluster, EXERCISE, WHERE, _job, fn, seed, kind, timeout=timeout,
+                              hang_hint=HANG_HINT)
+        verdict = outcome.verdict or _judge(outcome.values, seed)
+        if not verdict.passed:
+            return verdict
+    return passed(EXERCISE, f"{' and '.join(KINDS)} over 2 PipelineStages with "
+                  f"{MICRO_BATCHES} micro-batches: the loss and both stages' gradients equal "
+                  "one device's on the whole batch", schedules=list(KINDS))
