@@ -152,6 +152,21 @@ def test_fully_shard_model_both_ways(two):
     assert "ran before the blocks'" in verdict(check, two, root_first)
 
 
+def gradients_too_large(model, mesh):
+    """Right wrapping, every gradient 1.25 times one device's: Adam's steps hide the scale."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.register_forward_hook(lambda m, i, out: out.register_hook(lambda g: g * 1.25) and None)
+
+
+def test_a_gradient_of_the_wrong_scale_fails(two):
+    message = verdict(labkit.check.fully_shard_model, two, gradients_too_large)
+    assert "differs from one device's (its norm is 1.25 times one device's)" in message
+
+
 def test_smaller_units_lower_the_peak_and_run_more_collectives(two):
     """The lesson: "the smaller the units, the lower the peak, and the more collectives"."""
     blocks = labkit.check.fully_shard_model(two, fsdp_reference())

@@ -4,7 +4,9 @@ beside one device's run (``fsdp_check.py``)."""
 
 from __future__ import annotations
 
-from labkit.lessons.sharding.fsdp_check import BLOCKS, STEPS, TOLERANCE
+import torch
+
+from labkit.lessons.sharding.fsdp_check import BLOCKS, GRAD_TOLERANCE, STEPS, TOLERANCE
 from labkit.runtime.memory import format_bytes
 
 WRAP = ("call fully_shard(block, mesh=mesh) on each block of model.blocks, then "
@@ -72,7 +74,25 @@ def value_problems(r: int, rank: dict, ref: dict) -> tuple[list[str], float]:
     if gaps[worst] > TOLERANCE:
         return [f"after {STEPS} Adam steps, rank {r}'s {worst} differs from one device's "
                 f"(by {gaps[worst]:.2g})"], gaps[worst]
-    return [], gaps[worst]
+    return grad_problems(r, rank, ref), gaps[worst]
+
+
+def grad_problems(r: int, rank: dict, ref: dict) -> list[str]:
+    """Whether rank ``r``'s gradients of the first step are one device's (Adam's steps hide a
+    gradient's scale, so the weights alone do not show it)."""
+    for name, want in ref["grads"].items():
+        got = rank["grads"].get(name)
+        if got is None or got.shape != want.shape:
+            return [f"rank {r} has no gradient of {name} of one device's shape after the first "
+                    "backward"]
+        if (got - want).abs().max().item() > GRAD_TOLERANCE * want.abs().max().item():
+            ratio = (torch.linalg.vector_norm(got) / torch.linalg.vector_norm(want)).item()
+            return [f"after the first backward, rank {r}'s gradient of {name} differs from one "
+                    f"device's (its norm is {ratio:.3g} times one device's): the weights still "
+                    "matched because Adam's steps do not depend on a gradient's scale; every "
+                    "gradient should be the mean over the ranks, as FSDP's reduce-scatter "
+                    "leaves it"]
+    return []
 
 
 def memory_problems(r: int, rank: dict, ref: dict, n: int) -> list[str]:
