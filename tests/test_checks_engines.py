@@ -81,6 +81,21 @@ def test_tensor_parallel_plan_both_ways(two):
     assert "mlp.2 is column-split" in message and "2 all_gather" in message
 
 
+def with_wildcards(block):
+    """Megatron's plan, its keys written with parallelize_module's fnmatch wildcards."""
+    return {"*.qkv": ColwiseParallel(), "*.proj": RowwiseParallel(),
+            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+
+
+def test_a_plan_with_wildcards_is_read_as_parallelize_module_reads_it(two):
+    found = labkit.check.tensor_parallel_plan(two, with_wildcards)
+    assert found.passed, str(found)
+    message = verdict(labkit.check.tensor_parallel_plan, two,
+                      lambda block: {"attn.*": ColwiseParallel(), "mlp.0": ColwiseParallel(),
+                                     "mlp.2": RowwiseParallel()})
+    assert message.startswith("tensor_parallel_plan: FAILED: attn.proj is column-split")
+
+
 def test_the_hand_written_layers_as_the_grader_calls_them(two):
     """An answer the grader hands the check is labkit's Answer object, not a labkit class."""
     source = answer_source("04_tensor_parallel", "tensor_parallel_linears_answer")
