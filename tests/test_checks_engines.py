@@ -182,6 +182,20 @@ def test_a_gradient_of_the_wrong_scale_fails(two):
     assert "differs from one device's (its norm is 1.25 times one device's)" in message
 
 
+def sets_float64_and_raises(model, mesh):
+    import torch
+
+    torch.set_default_dtype(torch.float64)  # on the rank, which outlives the check
+    raise ValueError("a first attempt that fails")
+
+
+def test_a_failed_attempt_leaves_the_ranks_defaults_as_they_were(two):
+    assert "a first attempt that fails" in verdict(labkit.check.fully_shard_model, two,
+                                                    sets_float64_and_raises)
+    found = labkit.check.fully_shard_model(two, fsdp_reference())  # then the right answer
+    assert found.passed, str(found)
+
+
 def test_smaller_units_lower_the_peak_and_run_more_collectives(two):
     """The lesson: "the smaller the units, the lower the peak, and the more collectives"."""
     blocks = labkit.check.fully_shard_model(two, fsdp_reference())
