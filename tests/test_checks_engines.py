@@ -182,6 +182,24 @@ def test_a_gradient_of_the_wrong_scale_fails(two):
     assert "differs from one device's (its norm is 1.25 times one device's)" in message
 
 
+def replicated_units(model, mesh):
+    """Every unit right, on a mesh of its own that shards over 1 rank: whole copies (HSDP)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    own = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("copy", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=own)
+    fully_shard(model, mesh=own)
+
+
+def test_units_on_a_mesh_that_shards_over_one_rank_are_named_for_it(two):
+    message = verdict(labkit.check.fully_shard_model, two, replicated_units)
+    assert "every block and the root are units, but they keep more than 1/N" in message
+    assert "every parameter should be in some unit" not in message
+
+
 def sets_float64_and_raises(model, mesh):
     import torch
 

@@ -99,9 +99,14 @@ def memory_problems(r: int, rank: dict, ref: dict, n: int) -> list[str]:
     """Whether rank ``r`` held about 1/N at rest, and less than the whole model at its peak."""
     whole, held, problems = ref["whole_bytes"], rank["held_bytes"], []
     if held > whole / n + 0.05 * whole:
+        wrapped = "" in rank["units"] and all(b in rank["units"] for b in BLOCKS)
+        why = ("every block and the root are units, but they keep more than 1/N: give "
+               "fully_shard the mesh shard_model receives (one dimension, all N ranks), so "
+               "that each unit is sharded over every rank" if wrapped else
+               "every parameter should be in some unit")
         problems.append(f"rank {r} holds {format_bytes(held)} of parameters at rest, "
                         f"{held / whole:.0%} of the model's {format_bytes(whole)} (1/N = "
-                        f"{1 / n:.0%}): every parameter should be in some unit")
+                        f"{1 / n:.0%}): {why}")
     peak = rank.get("parameter_peak")
     if peak is not None and peak >= whole and rank["units"] != [""]:  # [""]: said already
         problems.append(f"rank {r}'s parameters peaked at {format_bytes(peak)}, at least the "
