@@ -81,6 +81,21 @@ def test_tensor_parallel_plan_both_ways(two):
     assert "mlp.2 is column-split" in message and "2 all_gather" in message
 
 
+def with_wildcards(block):
+    """Megatron's plan, its keys written with parallelize_module's fnmatch wildcards."""
+    return {"*.qkv": ColwiseParallel(), "*.proj": RowwiseParallel(),
+            "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+
+
+def test_a_plan_with_wildcards_is_read_as_parallelize_module_reads_it(two):
+    found = labkit.check.tensor_parallel_plan(two, with_wildcards)
+    assert found.passed, str(found)
+    message = verdict(labkit.check.tensor_parallel_plan, two,
+                      lambda block: {"attn.*": ColwiseParallel(), "mlp.0": ColwiseParallel(),
+                                     "mlp.2": RowwiseParallel()})
+    assert message.startswith("tensor_parallel_plan: FAILED: attn.proj is column-split")
+
+
 def test_the_hand_written_layers_as_the_grader_calls_them(two):
     """An answer the grader hands the check is labkit's Answer object, not a labkit class."""
     source = answer_source("04_tensor_parallel", "tensor_parallel_linears_answer")
@@ -150,6 +165,53 @@ def test_fully_shard_model_both_ways(two):
     assert message.startswith("fully_shard_model: FAILED: only the root is wrapped")
     assert "in one all-gather" in message and "more than the" in message
     assert "ran before the blocks'" in verdict(check, two, root_first)
+
+
+def gradients_too_large(model, mesh):
+    """Right wrapping, every gradient 1.25 times one device's: Adam's steps hide the scale."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.register_forward_hook(lambda m, i, out: out.register_hook(lambda g: g * 1.25) and None)
+
+
+def test_a_gradient_of_the_wrong_scale_fails(two):
+    message = verdict(labkit.check.fully_shard_model, two, gradients_too_large)
+    assert "differs from one device's (its norm is 1.25 times one device's)" in message
+
+
+def replicated_units(model, mesh):
+    """Every unit right, on a mesh of its own that shards over 1 rank: whole copies (HSDP)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    own = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("copy", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=own)
+    fully_shard(model, mesh=own)
+
+
+def test_units_on_a_mesh_that_shards_over_one_rank_are_named_for_it(two):
+    message = verdict(labkit.check.fully_shard_model, two, replicated_units)
+    assert "every block and the root are units, but they keep more than 1/N" in message
+    assert "every parameter should be in some unit" not in message
+
+
+def sets_float64_and_raises(model, mesh):
+    import torch
+
+    torch.set_default_dtype(torch.float64)  # on the rank, which outlives the check
+    raise ValueError("a first attempt that fails")
+
+
+def test_a_failed_attempt_leaves_the_ranks_defaults_as_they_were(two):
+    assert "a first attempt that fails" in verdict(labkit.check.fully_shard_model, two,
+                                                    sets_float64_and_raises)
+    found = labkit.check.fully_shard_model(two, fsdp_reference())  # then the right answer
+    assert found.passed, str(found)
 
 
 def test_smaller_units_lower_the_peak_and_run_more_collectives(two):

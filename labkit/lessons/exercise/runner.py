@@ -48,12 +48,20 @@ class _CappedStream:
 
 
 def _capped_prints(ctx, job, *args, **kwargs):
-    """Run ``job`` on a rank with its prints capped at ``PRINT_LIMIT`` characters a stream."""
+    """Run ``job`` on a rank with its prints capped at ``PRINT_LIMIT`` characters a stream,
+    and torch's process-wide defaults (dtype, grad mode) as they were afterwards: the ranks
+    outlive the check, and the next check or ``labkit.train`` must not inherit a
+    ``torch.set_default_dtype`` from the learner's function."""
+    import torch
+
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     out, err = _CappedStream(sys.stdout, PRINT_LIMIT), _CappedStream(sys.stderr, PRINT_LIMIT)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             return job(ctx, *args, **kwargs)
     finally:
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
         for stream in (out, err):
             if stream.dropped:
                 stream.target.write(f"\n[labkit: {stream.dropped} more characters printed "

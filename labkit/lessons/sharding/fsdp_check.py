@@ -5,10 +5,11 @@ The learner writes ``shard_model(model, mesh)``: ``fully_shard`` on each block o
 it took: the embeddings, the final norm and the head). On every rank the check builds the zoo's
 GPT from a seed drawn for this run, calls the learner's function with the rank's fsdp mesh,
 and trains ``STEPS`` Adam steps on this rank's slice of each batch. Here, outside the ranks, it
-compares the weights with one device's Adam on the whole batches, and reads what each rank
-held: the FSDP units, its bytes of parameters at rest (about 1/N), the peak of its parameter
-memory during the steps (the suite's memory tracker: shards plus what is gathered at once) and
-the collectives of a step (one all-gather per unit forward). The check runs at the cluster's
+compares the weights and the first step's gradients (whose scale Adam's steps hide) with one
+device's Adam on the whole batches, and reads what each rank held: the FSDP units, its bytes of
+parameters at rest (about 1/N), the peak of its parameter memory during the steps (the suite's
+memory tracker: shards plus what is gathered at once) and the collectives of a step (one
+all-gather per unit forward). The check runs at the cluster's
 rank count and at a second one. labkit's own ``apply_fsdp`` (``labkit/parallel/sharded``)
 does the same, with the model's plan naming the units.
 """
@@ -36,6 +37,10 @@ BLOCKS = [f"blocks.{i}" for i in range(MODEL.n_layers)]
 # only float32 rounding (summed in another order on the ranks) still moves it a little: up to
 # ~4e-5 here. A wrong wrapping moves weights by ~LR per step (an unwrapped root: ~4e-2).
 TOLERANCE = 1e-3
+# Adam cannot see a gradient's scale (gradients N times too large, summed instead of averaged,
+# move the weights alike), so the first step's gradients are compared too, relative to the
+# largest of one device's (float32 rounding: ~1e-7).
+GRAD_TOLERANCE = 1e-4
 
 
 def small_gpt() -> GPT:
@@ -68,7 +73,7 @@ def _train(ctx, model, batches) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     share = BATCH // ctx.world_size
     mine = slice(ctx.rank * share, (ctx.rank + 1) * share)
-    passes = []
+    passes, grads = [], None
     for tokens, targets in batches:
         tokens, targets = tokens[mine].to(ctx.device), targets[mine].to(ctx.device)
         with tracker:
@@ -76,13 +81,21 @@ def _train(ctx, model, batches) -> dict:
                 loss = GPT.loss(model(tokens), targets)
             with Traffic() as backward:
                 loss.backward()
+        if grads is None:  # the first step's, gathered outside the measurements
+            grads = {name: None if p.grad is None else _whole(p.grad)
+                     for name, p in model.named_parameters()}
+        with tracker:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         passes.append((forward.collectives, backward.collectives))
-    weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
-               for name, p in model.named_parameters()}
-    return {"weights": weights, "passes": passes,
+    weights = {name: _whole(p) for name, p in model.named_parameters()}
+    return {"weights": weights, "grads": grads, "passes": passes,
             "parameter_peak": tracker.category_peaks["parameters"]}
+
+
+def _whole(tensor) -> torch.Tensor:
+    """The whole tensor on the CPU (a sharded DTensor gathered from every rank)."""
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu()
 
 
 def _job(ctx, shard_fn, seed: int) -> dict:
@@ -116,14 +129,17 @@ def _reference(seed: int) -> dict:
     """One device's Adam on the whole batches: the weights, and the parameters' bytes."""
     model, batches = _inputs(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    grads = None
     for tokens, targets in batches:
         GPT.loss(model(tokens), targets).backward()
+        grads = grads or {name: p.grad.clone() for name, p in model.named_parameters()}
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     outside = sum(p.nbytes for name, p in model.named_parameters()
                   if not name.startswith("blocks."))
     return {"weights": {name: p.detach() for name, p in model.named_parameters()},
-            "whole_bytes": sum(p.nbytes for p in model.parameters()), "outside_bytes": outside}
+            "grads": grads, "whole_bytes": sum(p.nbytes for p in model.parameters()),
+            "outside_bytes": outside}
 
 
 def fully_shard_model(cluster, shard_fn, timeout: float | None = None) -> CheckResult:

@@ -4,7 +4,9 @@ beside one device's run (``fsdp_check.py``)."""
 
 from __future__ import annotations
 
-from labkit.lessons.sharding.fsdp_check import BLOCKS, STEPS, TOLERANCE
+import torch
+
+from labkit.lessons.sharding.fsdp_check import BLOCKS, GRAD_TOLERANCE, STEPS, TOLERANCE
 from labkit.runtime.memory import format_bytes
 
 WRAP = ("call fully_shard(block, mesh=mesh) on each block of model.blocks, then "
@@ -72,16 +74,39 @@ def value_problems(r: int, rank: dict, ref: dict) -> tuple[list[str], float]:
     if gaps[worst] > TOLERANCE:
         return [f"after {STEPS} Adam steps, rank {r}'s {worst} differs from one device's "
                 f"(by {gaps[worst]:.2g})"], gaps[worst]
-    return [], gaps[worst]
+    return grad_problems(r, rank, ref), gaps[worst]
+
+
+def grad_problems(r: int, rank: dict, ref: dict) -> list[str]:
+    """Whether rank ``r``'s gradients of the first step are one device's (Adam's steps hide a
+    gradient's scale, so the weights alone do not show it)."""
+    for name, want in ref["grads"].items():
+        got = rank["grads"].get(name)
+        if got is None or got.shape != want.shape:
+            return [f"rank {r} has no gradient of {name} of one device's shape after the first "
+                    "backward"]
+        if (got - want).abs().max().item() > GRAD_TOLERANCE * want.abs().max().item():
+            ratio = (torch.linalg.vector_norm(got) / torch.linalg.vector_norm(want)).item()
+            return [f"after the first backward, rank {r}'s gradient of {name} differs from one "
+                    f"device's (its norm is {ratio:.3g} times one device's): the weights still "
+                    "matched because Adam's steps do not depend on a gradient's scale; every "
+                    "gradient should be the mean over the ranks, as FSDP's reduce-scatter "
+                    "leaves it"]
+    return []
 
 
 def memory_problems(r: int, rank: dict, ref: dict, n: int) -> list[str]:
     """Whether rank ``r`` held about 1/N at rest, and less than the whole model at its peak."""
     whole, held, problems = ref["whole_bytes"], rank["held_bytes"], []
     if held > whole / n + 0.05 * whole:
+        wrapped = "" in rank["units"] and all(b in rank["units"] for b in BLOCKS)
+        why = ("every block and the root are units, but they keep more than 1/N: give "
+               "fully_shard the mesh shard_model receives (one dimension, all N ranks), so "
+               "that each unit is sharded over every rank" if wrapped else
+               "every parameter should be in some unit")
         problems.append(f"rank {r} holds {format_bytes(held)} of parameters at rest, "
                         f"{held / whole:.0%} of the model's {format_bytes(whole)} (1/N = "
-                        f"{1 / n:.0%}): every parameter should be in some unit")
+                        f"{1 / n:.0%}): {why}")
     peak = rank.get("parameter_peak")
     if peak is not None and peak >= whole and rank["units"] != [""]:  # [""]: said already
         problems.append(f"rank {r}'s parameters peaked at {format_bytes(peak)}, at least the "

@@ -32,6 +32,7 @@ from labkit.lessons.tensor_parallel.plan_problems import (
     describe_plan,
     measured_problems,
     plan_problems,
+    resolve_plan,
 )
 from labkit.models.gpt import Block, GPTConfig
 from labkit.models.gpt_split import GPTPlan
@@ -63,16 +64,17 @@ def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def _run_plan(ctx, block, plan, x, weight) -> dict:
-    """parallelize_module with ``plan``, then one forward and backward: what this rank
-    computed, held and sent (or the error that stopped it)."""
+def _run_plan(ctx, block, plan, resolved, x, weight) -> dict:
+    """parallelize_module with ``plan`` (``resolved``: its keys as module names), then one
+    forward and backward: what this rank computed, held and sent (or the error that stopped
+    it)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     from labkit.training.layout.layout import Layout
     from labkit.training.layout.mesh import mesh_for
 
     n = ctx.world_size
-    if isinstance(plan.get("attn.qkv"), ColwiseParallel):  # whole heads in each row shard
+    if isinstance(resolved.get("attn.qkv"), ColwiseParallel):  # whole heads in each row shard
         with torch.no_grad():
             for name, p in block.attn.qkv.named_parameters():
                 p.copy_(GPTPlan().to_tp_layout(f"attn.qkv.{name}", p, n))
@@ -94,12 +96,13 @@ def _job(ctx, plan_fn, seed: int) -> dict:
     """The learner's plan on this rank's copy of the block."""
     block, x, weight = (t.to(ctx.device) for t in _inputs(seed))
     plan = plan_fn(block)  # NotImplementedError: not attempted yet
-    out = {"plan": describe_plan(block, plan)}
     if not isinstance(plan, dict):
-        return out
+        return {"plan": describe_plan(block, plan)}
+    resolved = resolve_plan(block, plan)  # wildcards matched as parallelize_module does
+    out = {"plan": describe_plan(block, resolved)}
     with _quiet():
         try:
-            out.update(_run_plan(ctx, block, plan, x, weight))
+            out.update(_run_plan(ctx, block, plan, resolved, x, weight))
         except Exception as exc:  # noqa: BLE001 - a wrong plan fails here: the verdict says why
             out["error"] = describe_exception(exc).split("\n")[0][:300]
     return out

@@ -9,6 +9,8 @@ together into the verdict.
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
+
 import torch
 
 from labkit.runtime.memory import format_bytes
@@ -39,6 +41,29 @@ WRONG_WAY = {
              "would need a gather before the residual add; ",
 }
 NAMES = ", ".join(LINEARS)
+
+
+def _matches(module, path: list[str]) -> list[str]:
+    """The names of the modules inside ``module`` that ``path`` (a key split at its dots) names,
+    each part matched as ``parallelize_module`` matches it (``fnmatch``: ``*`` is a wildcard)."""
+    if not path:
+        return [""]
+    names = []
+    for name, child in module.named_children():
+        if fnmatch(name, path[0]):
+            names += [f"{name}.{rest}" if rest else name for rest in _matches(child, path[1:])]
+    return names
+
+
+def resolve_plan(block, plan: dict) -> dict:
+    """The plan with each key replaced by the names of the modules it names
+    (``{"*.qkv": style}`` -> ``{"attn.qkv": style}``); a key that names none stays as it is."""
+    resolved = {}
+    for key, style in plan.items():
+        names = _matches(block, key.split(".")) if isinstance(key, str) and key else []
+        for name in names or [key]:
+            resolved[name] = style
+    return resolved
 
 
 def describe_plan(block, plan) -> dict:
