@@ -152,3 +152,24 @@ def write_piece() -> Piece:
                     json.dump({"losses": per_step}, file)
                 print(f"loss {per_step[0]:.4f} -> {per_step[-1]:.4f}; written to {out}")
     ''', "import json", "import statistics", "import torch.distributed as dist")
+
+
+def profile_piece() -> Piece:
+    return block('''
+        def start_profiler(folder: str | None, device: torch.device):
+            """With --profile: torch.profiler over the steps after the first two (they build
+            lazy state), one Chrome trace per rank in ``folder`` for Perfetto
+            (ui.perfetto.dev) or TensorBoard; None without."""
+            if folder is None:
+                return None
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"rank{dist.get_rank()}.pt.trace.json")
+            activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
+            skip = 2 if STEPS > 2 else 0
+            profiler = profile(activities=activities, schedule=schedule(
+                wait=skip // 2, warmup=skip // 2, active=STEPS - skip, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path))
+            profiler.start()
+            return profiler
+    ''', "import os", "import torch", "import torch.distributed as dist",
+        "from torch.profiler import ProfilerActivity, profile, schedule")

@@ -179,7 +179,8 @@ def _optimizer_lines(run, engine, optimizer: str) -> tuple[list[str], list[str]]
              f"optimizer = torch.optim.{optimizer}(params, lr=LR, foreach=False)"], [])
 
 
-def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Piece:
+def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
+               profile: str | None = None) -> Piece:
     family = run.config.model.name
     model = MODEL_CLASS[family]
     mesh, imports = _mesh_lines(dims)
@@ -197,6 +198,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
     else:
         call = f"loss = train_step(model, optimizer, inputs, targets{extra})"
         keep = ["    losses.append(loss)"]
+    folder = "None" if profile is None else json.dumps(profile)
     cast = []
     if run.config.precision == "bf16" and family == "mlp":
         cast = ["    inputs, targets = inputs.bfloat16(), targets.bfloat16()  # bf16 data"]
@@ -204,6 +206,8 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
         f'parser.add_argument("--out", default={json.dumps(out)}, help="where rank 0 writes the '
         'losses")',
+        f'parser.add_argument("--profile", metavar="DIR", default={folder}, help="write a '
+        'torch.profiler trace per rank here")',
         "args = parser.parse_args()",
         "device = setup()",
         "if dist.get_world_size() != WORLD_SIZE:  # the mesh below has the layout's shape",
@@ -216,7 +220,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         "",
         *build, *opt,
         "",
-        "losses = []",
+        "losses, profiler = [], start_profiler(args.profile, device)",
         "for step in range(STEPS):",
         f"    inputs, targets = {data_fn}(config, step, GLOBAL_BATCH, SEED)  # on the host",
         "    share = GLOBAL_BATCH // DATA_SIZE",
@@ -225,6 +229,10 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         *cast,
         f"    {call}",
         *keep,
+        "    if profiler is not None:",
+        "        profiler.step()",
+        "if profiler is not None:",
+        "    profiler.stop()",
         "write_losses(losses, args.out)",
         "dist.destroy_process_group()",
     ]
