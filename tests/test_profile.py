@@ -82,3 +82,9 @@ def test_a_folder_no_rank_can_write_to_is_refused_before_any_rank_starts(tmp_pat
         locked.chmod(0o700)
     with pytest.raises(TypeError, match="profile must be a folder's path"):
         labkit.TrainConfig(profile=3)
+
+
+def test_the_profiler_s_start_and_stop_notes_are_not_shown(two, tmp_path, capsys):
+    labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=2, estimate=False,
+                 profile=tmp_path)
+    assert "profiler_start" not in capsys.readouterr().err

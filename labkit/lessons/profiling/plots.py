@@ -51,3 +51,30 @@ def plot_trace(traces, title: str | None = None, ax=None) -> Figure:
               fontsize=8)
     ax.set_title(title or "torch.profiler trace, per rank")
     return ax.figure
+
+
+def plot_trace_totals(report, title: str | None = None) -> Figure:
+    """A profiled run's computation and communication per rank, as its trace totals them
+    and as labkit's clocks do over the same steps (``trace_vs_clocks``)."""
+    import numpy as np
+
+    from labkit.lessons.profiling.trace import trace_vs_clocks
+
+    ranks = trace_vs_clocks(report)
+    fig = Figure(figsize=(7.5, 0.55 * len(ranks) + 2.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    y = np.arange(len(ranks))
+    for ax, key, name in zip(axes, ("compute_s", "comm_s"),
+                             ("computation", "inside collectives"), strict=True):
+        trace = np.array([r["trace"][key] for r in ranks]) * 1e3
+        clocks = np.array([r["labkit"][key] for r in ranks]) * 1e3
+        ax.barh(y - 0.2, trace, height=0.4, color=COLORS["comm" if "comm" in key else
+                                                          "compute"], label="torch.profiler")
+        ax.barh(y + 0.2, clocks, height=0.4, color="0.55", label="labkit's clocks")
+        ax.set_xlabel(f"{name}, ms")
+        ax.legend(fontsize=8, loc="lower right")
+    axes[0].set_yticks(y, [f"rank {r}" for r in y])
+    axes[0].invert_yaxis()
+    steps = ranks[0]["trace"]["steps"]
+    fig.suptitle(title or f"the trace's totals beside labkit's, the same {steps} steps")
+    return fig

@@ -119,3 +119,10 @@ def trace_vs_clocks(report) -> list[dict]:
                   "compute_s": sum(r["compute_s"] for r in records)}
         out.append({"trace": trace_totals(path), "labkit": clocks})
     return out
+
+
+def trace_agreement(ranks: list[dict]) -> dict[str, float]:
+    """The largest relative difference, over ranks, between the trace's totals and labkit's
+    (``trace_vs_clocks``'s list): ``{"step_s", "compute_s", "comm_s"}``, 0.1 for 10%."""
+    return {key: max(abs(r["trace"][key] - r["labkit"][key]) / r["labkit"][key]
+                     for r in ranks) for key in ("step_s", "compute_s", "comm_s")}

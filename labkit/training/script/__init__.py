@@ -74,8 +74,9 @@ def script(config: TrainConfig | Run | None = None, *, world_size: int | None = 
     or a resolved ``Run``. ``world_size``: the ranks (default: the layout's product; a
     strategy needs it). ``cpu``: CPU ranks even where there are GPUs. ``command``: the
     ``labkit train`` command line the run came from, for the script's docstring. ``out``:
-    the default of the script's ``--out``; ``profile``: of its ``--profile`` (the run's own
-    ``profile`` folder when not given: a ``torch.profiler`` trace per rank). Raises
+    the default of the script's ``--out``; ``profile`` (default: the run's own): a folder,
+    for a script that records its steps with ``torch.profiler``, a Chrome trace per rank
+    there (its ``--profile DIR`` changes it). Raises
     ``ScriptRefused`` for a run labkit trains but writes no script for, ``ValueError`` for
     one that does not run at all.
     """

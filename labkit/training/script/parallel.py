@@ -156,18 +156,15 @@ def write_piece() -> Piece:
 
 def profile_piece() -> Piece:
     return block('''
-        def start_profiler(folder: str | None, device: torch.device):
-            """With --profile: torch.profiler over the steps after the first two (they build
-            lazy state), one Chrome trace per rank in ``folder`` for Perfetto
-            (ui.perfetto.dev) or TensorBoard; None without."""
-            if folder is None:
-                return None
+        def start_profiler(folder: str, device: torch.device) -> profile:
+            """torch.profiler over the steps after the first two (they build lazy state), one
+            Chrome trace per rank in ``folder`` for Perfetto (ui.perfetto.dev) or TensorBoard."""
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f"rank{dist.get_rank()}.pt.trace.json")
             activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
-            skip = 2 if STEPS > 2 else 0
+            skip = 1 if STEPS > 2 else 0  # a step waited, a step of the profiler's warm-up
             profiler = profile(activities=activities, schedule=schedule(
-                wait=skip // 2, warmup=skip // 2, active=STEPS - skip, repeat=1),
+                wait=skip, warmup=skip, active=STEPS - 2 * skip, repeat=1),
                 on_trace_ready=lambda p: p.export_chrome_trace(path))
             profiler.start()
             return profiler

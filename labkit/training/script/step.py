@@ -198,7 +198,11 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
     else:
         call = f"loss = train_step(model, optimizer, inputs, targets{extra})"
         keep = ["    losses.append(loss)"]
-    folder = "None" if profile is None else json.dumps(profile)
+    profiling = [] if profile is None else [  # the argument, start, each step, the end
+        f'parser.add_argument("--profile", metavar="DIR", default={json.dumps(profile)},',
+        '                    help="write a torch.profiler trace of the steps per rank here")',
+        "profiler = start_profiler(args.profile, device)",
+        "    profiler.step()", "profiler.stop()"]
     cast = []
     if run.config.precision == "bf16" and family == "mlp":
         cast = ["    inputs, targets = inputs.bfloat16(), targets.bfloat16()  # bf16 data"]
@@ -206,8 +210,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
         "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
         f'parser.add_argument("--out", default={json.dumps(out)}, help="where rank 0 writes the '
         'losses")',
-        f'parser.add_argument("--profile", metavar="DIR", default={folder}, help="write a '
-        'torch.profiler trace per rank here")',
+        *profiling[:2],
         "args = parser.parse_args()",
         "device = setup()",
         "if dist.get_world_size() != WORLD_SIZE:  # the mesh below has the layout's shape",
@@ -220,7 +223,8 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
         "",
         *build, *opt,
         "",
-        "losses, profiler = [], start_profiler(args.profile, device)",
+        "losses = []",
+        *profiling[2:3],
         "for step in range(STEPS):",
         f"    inputs, targets = {data_fn}(config, step, GLOBAL_BATCH, SEED)  # on the host",
         "    share = GLOBAL_BATCH // DATA_SIZE",
@@ -229,10 +233,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
         *cast,
         f"    {call}",
         *keep,
-        "    if profiler is not None:",
-        "        profiler.step()",
-        "if profiler is not None:",
-        "    profiler.stop()",
+        *profiling[3:],
         "write_losses(losses, args.out)",
         "dist.destroy_process_group()",
     ]
