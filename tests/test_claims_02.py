@@ -194,8 +194,9 @@ def test_the_lessons_run_is_written_as_a_script_with_its_torchrun_command(nb):
 
 # The trace and labkit's clocks time the same steps; computation is most of a step, and its
 # totals agree closely; communication (a few short intervals per step, on a shared machine)
-# less closely. Measured on 2 cores, 2 ranks: computation 2-6%, communication 1-18%.
-TRACE_COMPUTE_AGREES, TRACE_COMM_AGREES = 0.15, 0.4
+# less closely, so it is held to a part of the step time. Measured on 2 cores, 2 ranks:
+# computation 2-6%, communication 1-30% of itself (0.1-2% of the step).
+TRACE_COMPUTE_AGREES, TRACE_COMM_AGREES = 0.15, 0.08
 
 
 def test_two_independent_measurements_of_the_same_steps_agree(nb):
@@ -204,7 +205,7 @@ def test_two_independent_measurements_of_the_same_steps_agree(nb):
     assert results["traces"] == results["world_size"]  # one trace per rank
     agreement = results["trace_agreement"]
     assert agreement["compute_s"] < TRACE_COMPUTE_AGREES, agreement
-    assert agreement["comm_s"] < TRACE_COMM_AGREES, agreement
+    assert agreement["comm_of_step"] < TRACE_COMM_AGREES, agreement
     [cell] = nb.cells_with('profile="traces/ddp"')
     outputs = nb.cell(cell).get("outputs", [])
     images = [o for o in outputs if "image/png" in o.get("data", {})]

@@ -42,8 +42,12 @@ def test_the_trace_totals_count_the_steps_their_collectives_and_their_computatio
     assert totals["steps"] == 2 and totals["comm_s"] > 0 and totals["compute_s"] > 0
     assert totals["comm_s"] + totals["compute_s"] <= 1.5 * totals["step_s"]
     assert {e.kind for e in trace_events(report.traces[1])} == {"step", "comm", "compute"}
-    for rank in trace_vs_clocks(report):  # the same steps on labkit's clocks
+    ranks = trace_vs_clocks(report)
+    for rank in ranks:  # the same steps on labkit's clocks
         assert rank["trace"]["steps"] == rank["labkit"]["steps"] == 2
+    agreement = labkit.plots.trace_agreement(ranks)
+    assert set(agreement) == {"step_s", "compute_s", "comm_s", "comm_of_step"}
+    assert isinstance(labkit.plots.plot_trace_totals(report), Figure)
 
 
 def test_plot_trace_draws_every_rank(profiled):
