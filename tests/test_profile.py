@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 from matplotlib.figure import Figure
 
 import labkit
@@ -92,3 +93,12 @@ def test_the_profiler_s_start_and_stop_notes_are_not_shown(two, tmp_path, capsys
     labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=2, estimate=False,
                  profile=tmp_path)
     assert "profiler_start" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_rank_s_trace_holds_its_kernels(tmp_path):
+    """On a CUDA rank the profiler records the device too (ProfilerActivity.CUDA)."""
+    with labkit.Cluster(1, device="cuda", progress=False) as cluster:
+        report = labkit.train(cluster, model="mlp", steps=4, estimate=False, profile=tmp_path)
+    events = json.loads(open(report.traces[0]).read())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)

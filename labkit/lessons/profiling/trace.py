@@ -10,7 +10,8 @@ In a trace, a **step** is a ``ProfilerStep#N`` span. **Communication** is the ti
 collective: gloo runs each one on a worker thread of its own (``gloo:all_reduce``...), NCCL
 as a kernel on the GPU (``ncclDevKernel...``). **Computation** is the time the step's own
 thread spends in operators (forward, backward, the optimizer) other than launching or
-waiting for a collective.
+waiting for a collective. On a GPU rank that is the host's time in operators (launching
+kernels); the kernels themselves are the trace's GPU tracks, which Perfetto shows.
 """
 
 from __future__ import annotations
