@@ -14,6 +14,7 @@ name per rank is one the report can list and a learner can find, and the
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -73,9 +74,11 @@ def rank_profiler(folder: str | None, rank: int, device_type: str, start: int, s
     if device_type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     path = trace_path(folder, rank)
-    prof = profile(activities=activities, record_shapes=False,
-                   schedule=schedule(skip_first=timed.start - start - warmup, wait=0,
-                                     warmup=warmup, active=len(timed), repeat=1),
+    with warnings.catch_warnings():  # a one-step run has no step before its timed one
+        warnings.filterwarnings("ignore", "Profiler won't be using warmup")
+        steps = schedule(skip_first=timed.start - start - warmup, wait=0, warmup=warmup,
+                         active=len(timed), repeat=1)
+    prof = profile(activities=activities, record_shapes=False, schedule=steps,
                    on_trace_ready=lambda p: p.export_chrome_trace(path))
     prof.path = path
     with prof:
