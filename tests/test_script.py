@@ -64,10 +64,17 @@ def labkit_losses(tmp_path_factory) -> dict[str, list[float]]:
 
 @pytest.mark.parametrize("strategy", ON_TWO)
 def test_the_script_gives_labkits_losses(strategy, labkit_losses, tmp_path):
-    script = _write(tmp_path, strategy, "--strategy", strategy, "--world-size", "2")
+    traces = tmp_path / "traces"
+    profile = ("--profile", str(traces)) if strategy == "ddp" else ()  # its --profile default
+    script = _write(tmp_path, strategy, "--strategy", strategy, "--world-size", "2", *profile)
     losses = _losses_of_script(tmp_path, 2, script)
     assert len(losses) == 2
     assert losses == pytest.approx(labkit_losses[strategy], rel=1e-6, abs=0), strategy
+    if profile:  # a torch.profiler trace per rank, DDP's AllReduce in it
+        for rank in range(2):
+            names = {e.get("name") for e in json.loads(
+                (traces / f"rank{rank}.pt.trace.json").read_text())["traceEvents"]}
+            assert {"gloo:all_reduce", "ProfilerStep#1"} <= names
 
 
 def test_the_2d_script_gives_labkits_losses(tmp_path):

@@ -44,11 +44,15 @@ def test_every_kind_of_strategy_runs_under_torchrun(tmp_path):
 
     assert sorted([*STRATEGIES, *TABLES, "single", "naive_pipeline"]) == sorted(EVERY)
     _torchrun(tmp_path, "--strategy", *STRATEGIES, "--steps", "2", "--micro-batches", "2",
-              "--out", str(tmp_path / "run.json"))
+              "--out", str(tmp_path / "run.json"), "--profile", str(tmp_path / "traces"))
     first = {}
     for strategy in STRATEGIES:
         report = labkit.TrainReport.load(tmp_path / f"run.{strategy}.json")
         assert report.config.strategy == strategy and report.world_size == 2
+        # --profile: a trace per rank, in a folder per strategy (several in one launch)
+        assert report.traces == [str(tmp_path / "traces" / strategy / f"rank{r}.pt.trace.json")
+                                 for r in range(2)]
+        assert all("ProfilerStep#1" in Path(t).read_text() for t in report.traces)
         assert "torchrun" in report.where and report.estimate["peak_bytes"] > 0
         assert report.steps == 2 and all(math.isfinite(loss) for loss in report.losses)
         first[strategy] = report.losses[0]
@@ -107,7 +111,7 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
         "--model", "gpt", "--layout", "fsdp=2,tp=2", "--global-batch", "32", "--steps", "3",
         "--precision", "mixed", "--micro-batches", "1", "--grad-accumulation", "2",
         "--activation-checkpointing", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2",
-        "--checkpoint-keep", "3", "--cp-engine", "ring"])
+        "--checkpoint-keep", "3", "--cp-engine", "ring", "--profile", "traces"])
     [(config, out)] = _configs(args)
     assert (config.layout, config.global_batch, config.steps) == (
         labkit.Layout(fsdp=2, tp=2), 32, 3)
@@ -116,6 +120,7 @@ def test_every_training_option_reaches_the_config_from_the_command_line():
     assert (config.checkpoint_dir, config.checkpoint_every, out) == ("ckpt", 2, "report.json")
     assert config.checkpoint_keep == 3
     assert config.cp_engine == "ring"  # on GPUs a torchrun user can choose labkit's ring
+    assert config.profile == "traces"
 
 
 def test_the_layout_flag_takes_degrees_and_engine_choices():

@@ -66,10 +66,12 @@ def train(cluster, config: TrainConfig | Run | None = None, *, memory_per_device
     ``TrainConfig`` (model, strategy or layout and its engine
     choices schedule, dp_kind, tables, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
-    grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every). With
+    grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every,
+    profile). With
     ``checkpoint_dir`` the run saves sharded checkpoints there and, when it holds one of this
     run, resumes from the newest good one (the report's records then cover every step; those
-    done before are marked ``from_checkpoint``).
+    done before are marked ``from_checkpoint``). With ``profile`` each rank writes a
+    ``torch.profiler`` trace of its timed steps into that folder (``report.traces``).
     ``memory_per_device`` overrides the cluster's capacity for this run. The run is resolved
     and checked against the cluster and the model once, before any rank runs; the ranks, the
     estimate and the report read that resolved run. Raises ``DeviceOOM``

@@ -66,6 +66,9 @@ class TrainConfig:
             "auto" (PyTorch's ``context_parallel`` on CUDA ranks, labkit's ring on CPU,
             where torch 2.13's refuses), "torch" (CUDA only) or "ring" (labkit's ring
             everywhere). The report's ``extra["cp_engine"]`` says which ran.
+        profile: a folder: each rank records its timed steps with ``torch.profiler`` and
+            writes a Chrome trace there (``rank{r}.pt.trace.json``, listed by the report's
+            ``traces``), for Perfetto or TensorBoard (``labkit/training/profile.py``).
     """
 
     model: ModelConfig = field(default_factory=MLPConfig)
@@ -90,6 +93,7 @@ class TrainConfig:
     checkpoint_async: bool = False
     checkpoint_keep: int | None = None
     cp_engine: str = "auto"
+    profile: str | None = None
 
     def __post_init__(self):
         if isinstance(self.model, str):
@@ -158,6 +162,11 @@ def _check_fields(config: TrainConfig) -> None:
     fields.flag(config, "activation_checkpointing")
     _check_checkpoint_fields(config)
     fields.one_of(config, "cp_engine", CP_ENGINES)
+    if config.profile is not None:
+        if not isinstance(config.profile, (str, os.PathLike)):
+            raise TypeError(f"TrainConfig.profile must be a folder's path, got "
+                            f"{config.profile!r}")
+        object.__setattr__(config, "profile", os.fspath(config.profile))
 
 
 def _check_checkpoint_fields(config: TrainConfig) -> None:

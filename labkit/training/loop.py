@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import math
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 from labkit.models import local_slice, loss_fn, make_batch, to_device
 from labkit.parallel.context.apply import shard_batch
@@ -29,6 +29,7 @@ from labkit.runtime.memory.capacity import on_host
 from labkit.runtime.memory.tracker import relabel_live
 from labkit.training.build import ParallelContext, build, full_weights, parallel_context
 from labkit.training.checkpoint.session import Checkpointer
+from labkit.training.profile import rank_profiler
 from labkit.training.run import Run
 from labkit.training.runqueue import RunQueueObserver
 from labkit.training.step.record import StepRecord
@@ -112,10 +113,12 @@ def _one_step(run: ParallelContext, config, built, observers, step: int,
 
 
 def _steps(run, config, built, observers, steps: range, tracked: bool, records: list,
-           saver) -> None:
-    """Run ``steps``, appending their records; save a checkpoint after those due."""
+           saver, profiler) -> None:
+    """Run ``steps``, appending their records; save a checkpoint after those due; tell the
+    profiler (``profile.py``) each step is done."""
     for step in steps:
         records.append(_one_step(run, config, built, observers, step, tracked))
+        profiler.step()  # before the checkpoint: a save is not part of the step
         if saver is not None and saver.due(step + 1):
             saver.save(step + 1, records)
 
@@ -136,23 +139,27 @@ def train_on_rank(ctx, run_dict: dict) -> dict:
     run = parallel_context(ctx, resolved)
     observers = _observers(resolved)
     always_tracked = ctx.memory.capacity_bytes is not None  # a cap tracks the whole job
-    with ctx.memory as tracker:
-        tracker.reset_peak()
-        with tracker.label_as("parameters"):  # a cap too small for the weights says so
-            built = build(run)
-        relabel_live(tracker, "parameters")  # the real weights are filed again just below
-        saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
-        start, records = saver.resume() if saver else (0, [])  # (steps done, their records)
-        tracker.track_external(*built.modules, built.optimizer)  # loaded state included
-        relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
-        for observer in observers:
-            observer.on_build(run, built, config)
-        tracked_until = min(config.steps, start + MEMORY_STEPS)
-        _steps(run, config, built, observers, range(start, tracked_until), True, records,
-               saver)
-        memory = tracker.report()
-    _steps(run, config, built, observers, range(tracked_until, config.steps), always_tracked,
-           records, saver)
+    with ExitStack() as profiling:  # the profiler spans the tracked and the untracked steps
+        with ctx.memory as tracker:
+            tracker.reset_peak()
+            with tracker.label_as("parameters"):  # a cap too small for the weights says so
+                built = build(run)
+            relabel_live(tracker, "parameters")  # the real weights are filed again below
+            saver = Checkpointer(run, built, config) if config.checkpoint_dir else None
+            start, records = saver.resume() if saver else (0, [])  # (steps done, records)
+            tracker.track_external(*built.modules, built.optimizer)  # loaded state included
+            relabel_live(tracker)  # what set-up made besides weights (e.g. DDP's buckets)
+            for observer in observers:
+                observer.on_build(run, built, config)
+            tracked_until = min(config.steps, start + MEMORY_STEPS)
+            profiler = profiling.enter_context(rank_profiler(
+                config.profile, ctx.rank, resolved.device_type, start, config.steps,
+                tracked_until))
+            _steps(run, config, built, observers, range(start, tracked_until), True,
+                   records, saver, profiler)
+            memory = tracker.report()
+        _steps(run, config, built, observers, range(tracked_until, config.steps),
+               always_tracked, records, saver, profiler)
     if saver is not None:
         saver.close()
     out = {"rank": ctx.rank, "records": [r.to_dict() for r in records], "memory": memory}
@@ -160,6 +167,8 @@ def train_on_rank(ctx, run_dict: dict) -> dict:
         out["resumed_at"], out["resumed_from"] = start, saver.resumed_from
     if run.engines.cp_engine is not None:  # which engine ran cp (the report's extra)
         out["cp_engine"] = LABELS[run.engines.cp_engine]
+    if config.profile is not None and start < config.steps:
+        out["trace"] = profiler.path
     if config.return_weights:
         out["weights"] = full_weights(built.parts, built.names, config, run.layout.tp)
     return out

@@ -67,6 +67,11 @@ class TrainReport:
     def backend(self) -> str:
         return self.run.backend
 
+    @property
+    def traces(self) -> list[str]:
+        """Each rank's ``torch.profiler`` trace (``profile=DIR``), in rank order; [] without."""
+        return [r["trace"] for r in self.ranks if "trace" in r]
+
     # ----- summaries (the slowest rank sets the pace of every step) -----------------------
     def records(self, rank: int = 0) -> list[StepRecord]:
         """Rank ``rank``'s steps as typed records."""

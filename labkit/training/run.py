@@ -27,6 +27,7 @@ from labkit.training.config import TrainConfig
 from labkit.training.engines import Engines, engines_for
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.presets import preset
+from labkit.training.profile import check_profile_dir
 from labkit.training.rules import (
     check_debug_env,
     check_engine_choices,
@@ -97,6 +98,8 @@ def resolve(config: TrainConfig, world_size: int, device_type: str = "cpu",
     if not isinstance(config, TrainConfig):
         raise TypeError(f"resolve takes a labkit.TrainConfig, not {config!r}")
     check_fields(config)
+    if config.profile is not None:  # the folder every rank writes its trace to, made now
+        config = config.replace(profile=check_profile_dir(config.profile))
     layout, choices = layout_and_choices(config, world_size)
     check_engine_choices(layout, **choices)
     cp_engine = resolve_engine(config.cp_engine, device_type) if layout.cp > 1 else None

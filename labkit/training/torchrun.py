@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp-engine", default="auto", choices=CP_ENGINES,
                         help="context parallelism's engine: auto (PyTorch's on GPUs, labkit's "
                         "ring on CPU), torch (GPUs only) or ring")
+    parser.add_argument("--profile", metavar="DIR", help="record each rank's timed steps "
+                        "with torch.profiler: one Chrome trace per rank here "
+                        "(rank{r}.pt.trace.json), for Perfetto or TensorBoard")
     parser.add_argument("--cpu", action="store_true", help="use CPU ranks even with GPUs")
     parser.add_argument("--out", default="report.json", help="where rank 0 writes the report")
 
@@ -124,12 +127,14 @@ def _configs(args) -> list[tuple[TrainConfig, str]]:
                              checkpoint_async=getattr(args, "checkpoint_async", False),
                              checkpoint_keep=getattr(args, "checkpoint_keep", None),
                              cp_engine=getattr(args, "cp_engine", "auto"),
-                             **parallel)
+                             profile=getattr(args, "profile", None), **parallel)
         if len(parallels) > 1 and config.checkpoint_dir is not None:
             # a folder per strategy: the strategy may change on resumption, so in one
             # folder the second run would take the first one's last checkpoint as its own
             config = config.replace(checkpoint_dir=os.path.join(config.checkpoint_dir,
                                                                 config.label))
+        if len(parallels) > 1 and config.profile is not None:  # one rank{r} file each
+            config = config.replace(profile=os.path.join(config.profile, config.label))
         path = (out if len(parallels) == 1
                 else out.with_name(f"{out.stem}.{config.label}{out.suffix}"))
         runs.append((config, str(path)))

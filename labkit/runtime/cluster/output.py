@@ -4,16 +4,20 @@ A rank's file descriptors 1 and 2 are pipes whose read ends live here, so everyt
 there arrives: Python's ``print``, C and C++ output (NCCL's warnings, the watchdog's reason),
 ``faulthandler``'s dump of a crashing rank. Text is decoded as it comes and shown in whole
 lines; a line still open when the run ends (``print(".", end="")`` in a loop) is shown then,
-as one line.
+as one line. Kineto's note on each profiler start and stop (``USDT:... profiler_start``,
+printed by torch 2.13's C++ whatever the log level) is left out: it says nothing a learner
+can act on, and ``profile=DIR`` would print it twice per rank and run.
 """
 
 from __future__ import annotations
 
 import codecs
 import os
+import re
 import sys
 
 _READ_BYTES = 1 << 16
+_QUIET = re.compile(r"^USDT:.*SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$")
 
 
 class RankStream:
@@ -59,7 +63,8 @@ class RankStream:
         whole, newline, self._open_line = text.rpartition("\n")
         if newline:
             prefix = f"[rank {self.rank}] "
-            self._target().write("".join(prefix + line + "\n" for line in whole.split("\n")))
+            self._target().write("".join(prefix + line + "\n" for line in whole.split("\n")
+                                         if not _QUIET.match(line)))
 
     def end_line(self) -> None:
         """Show a line left open (no newline yet) as a line of its own."""

@@ -63,7 +63,8 @@ def world_size_of(config: TrainConfig, world_size: int | None) -> int:
 
 def script(config: TrainConfig | Run | None = None, *, world_size: int | None = None,
            path: str | os.PathLike | None = None, cpu: bool = False,
-           command: str | None = None, out: str = "losses.json", **fields) -> Script:
+           command: str | None = None, out: str = "losses.json", profile: str | None = None,
+           **fields) -> Script:
     """The standalone training script of a run, written to ``path`` when given.
 
         labkit.script(model="mlp", strategy="ddp", world_size=2, path="train.py")
@@ -73,7 +74,9 @@ def script(config: TrainConfig | Run | None = None, *, world_size: int | None = 
     or a resolved ``Run``. ``world_size``: the ranks (default: the layout's product; a
     strategy needs it). ``cpu``: CPU ranks even where there are GPUs. ``command``: the
     ``labkit train`` command line the run came from, for the script's docstring. ``out``:
-    the default of the script's ``--out``. Raises
+    the default of the script's ``--out``; ``profile`` (default: the run's own): a folder,
+    for a script that records its steps with ``torch.profiler``, a Chrome trace per rank
+    there (its ``--profile DIR`` changes it). Raises
     ``ScriptRefused`` for a run labkit trains but writes no script for, ``ValueError`` for
     one that does not run at all.
     """
@@ -87,7 +90,8 @@ def script(config: TrainConfig | Run | None = None, *, world_size: int | None = 
             config or TrainConfig())
         run = resolve(config, world_size_of(config, world_size))
     name = os.path.basename(path) if path is not None else "train.py"
-    text = Script(script_text(run, command, cpu, out, name))
+    profile = run.config.profile if profile is None else os.fspath(profile)
+    text = Script(script_text(run, command, cpu, out, name, profile))
     text.world_size = run.world_size
     if path is not None:
         text.path = os.fspath(path)

@@ -59,11 +59,14 @@ def main(args, argv: list[str] | None = None) -> int:
               "checkpoints to recover from; a script saves no checkpoint: leave it out",
               file=sys.stderr)
         return 2
-    runs = torchrun._configs(argparse.Namespace(**{**vars(args), "out": args.out_script}))
+    # --profile: the default of the script's own --profile (no folder is made here)
+    runs = torchrun._configs(argparse.Namespace(**{**vars(args), "out": args.out_script,
+                                                   "profile": None}))
     for config, path in runs:
         try:
             n = world_size_of(config, args.world_size)
             text = script(config, world_size=n, path=path, cpu=args.cpu, out=args.out,
+                          profile=args.profile,
                           command=_train_command(argv, n, config.strategy if config.layout is None
                                                    else None))
         except (ScriptRefused, ValueError) as error:

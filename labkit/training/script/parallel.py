@@ -152,3 +152,21 @@ def write_piece() -> Piece:
                     json.dump({"losses": per_step}, file)
                 print(f"loss {per_step[0]:.4f} -> {per_step[-1]:.4f}; written to {out}")
     ''', "import json", "import statistics", "import torch.distributed as dist")
+
+
+def profile_piece() -> Piece:
+    return block('''
+        def start_profiler(folder: str, device: torch.device) -> profile:
+            """torch.profiler over the steps after the first two (they build lazy state), one
+            Chrome trace per rank in ``folder`` for Perfetto (ui.perfetto.dev) or TensorBoard."""
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"rank{dist.get_rank()}.pt.trace.json")
+            activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
+            skip = 1 if STEPS > 2 else 0  # a step waited, a step of the profiler's warm-up
+            profiler = profile(activities=activities, schedule=schedule(
+                wait=skip, warmup=skip, active=STEPS - 2 * skip, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path))
+            profiler.start()
+            return profiler
+    ''', "import os", "import torch", "import torch.distributed as dist",
+        "from torch.profiler import ProfilerActivity, profile, schedule")

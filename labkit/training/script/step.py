@@ -179,7 +179,8 @@ def _optimizer_lines(run, engine, optimizer: str) -> tuple[list[str], list[str]]
              f"optimizer = torch.optim.{optimizer}(params, lr=LR, foreach=False)"], [])
 
 
-def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Piece:
+def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
+               profile: str | None = None) -> Piece:
     family = run.config.model.name
     model = MODEL_CLASS[family]
     mesh, imports = _mesh_lines(dims)
@@ -197,6 +198,11 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
     else:
         call = f"loss = train_step(model, optimizer, inputs, targets{extra})"
         keep = ["    losses.append(loss)"]
+    profiling = [] if profile is None else [  # the argument, start, each step, the end
+        f'parser.add_argument("--profile", metavar="DIR", default={json.dumps(profile)},',
+        '                    help="write a torch.profiler trace of the steps per rank here")',
+        "profiler = start_profiler(args.profile, device)",
+        "    profiler.step()", "profiler.stop()"]
     cast = []
     if run.config.precision == "bf16" and family == "mlp":
         cast = ["    inputs, targets = inputs.bfloat16(), targets.bfloat16()  # bf16 data"]
@@ -204,6 +210,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         "parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])",
         f'parser.add_argument("--out", default={json.dumps(out)}, help="where rank 0 writes the '
         'losses")',
+        *profiling[:2],
         "args = parser.parse_args()",
         "device = setup()",
         "if dist.get_world_size() != WORLD_SIZE:  # the mesh below has the layout's shape",
@@ -217,6 +224,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         *build, *opt,
         "",
         "losses = []",
+        *profiling[2:3],
         "for step in range(STEPS):",
         f"    inputs, targets = {data_fn}(config, step, GLOBAL_BATCH, SEED)  # on the host",
         "    share = GLOBAL_BATCH // DATA_SIZE",
@@ -225,6 +233,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str) -> Pie
         *cast,
         f"    {call}",
         *keep,
+        *profiling[3:],
         "write_losses(losses, args.out)",
         "dist.destroy_process_group()",
     ]

@@ -20,6 +20,7 @@ from labkit.training.script.model import (
 from labkit.training.script.parallel import (
     data_parallel_pieces,
     pipeline_pieces,
+    profile_piece,
     setup_piece,
     write_piece,
 )
@@ -107,11 +108,14 @@ def _docstring(run, command: str | None, name: str) -> str:
 
 
 def script_text(run, command: str | None = None, cpu: bool = False,
-                out: str = "losses.json", name: str = "train.py") -> str:
+                out: str = "losses.json", name: str = "train.py",
+                profile: str | None = None) -> str:
     """The standalone training script of ``run`` (a resolved ``Run``); ScriptRefused for a
     run labkit trains but writes no script for (``refuse.py``). ``cpu``: CPU ranks even
-    where there are GPUs; ``out``: the default of the script's ``--out``; ``name``: its file
-    name, for its docstring."""
+    where there are GPUs; ``out``: the default of the script's ``--out``; ``profile``: a
+    folder, for a script that records its steps with ``torch.profiler`` there (its
+    ``--profile DIR``; None: a script without the profiler); ``name``: its file name, for its
+    docstring."""
     check_scriptable(run)
     config = run.config
     plan = plan_for(config.model)
@@ -131,7 +135,7 @@ def script_text(run, command: str | None = None, cpu: bool = False,
     if run.engines.pipelined:
         pieces += pipeline_pieces(config.model.name, run.engines.schedule)
     pieces += data_parallel_pieces(run, engine, shard_dims(run.layout))
-    pieces += [step_piece(run, engine), write_piece(),
+    pieces += [step_piece(run, engine), write_piece(), *([profile_piece()] if profile else []),
                main_piece(run, engine, dims, OPTIMIZER_CLASS[config.optimizer],
-                          DATA_FUNCTION[config.model.name], out)]
+                          DATA_FUNCTION[config.model.name], out, profile)]
     return join(_docstring(run, command, name), pieces)
