@@ -155,3 +155,19 @@ def test_interrupting_a_ranks_cell_stops_it_and_the_next_cell_runs(monkeypatch, 
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_the_graders_checker_runs_ranks_cells_as_a_kernel_does(two):
+    """The checker grades notebook 00 outside a kernel: its get_ipython() runs
+    %load_ext labkit and %%ranks, and refuses every other magic."""
+    from labkit.classroom.checker import _Shell
+
+    namespace = {"cluster": two}
+    shell = _Shell(namespace)
+    with pytest.raises(RuntimeError, match="after %load_ext labkit"):
+        shell.run_cell_magic("ranks", "cluster", "ctx.rank")
+    shell.run_line_magic("load_ext", "labkit")
+    assert shell.run_cell_magic("ranks", "cluster --out seen", "ctx.rank") == [0, 1]
+    assert namespace["seen"] == [0, 1]
+    with pytest.raises(RuntimeError, match="does not run in the grader"):
+        shell.run_line_magic("pip", "install something")
