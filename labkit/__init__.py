@@ -9,6 +9,7 @@ costs almost nothing and a rank or the command line never imports matplotlib. Th
 helpers are reached the same way: ``labkit.plots``, ``labkit.widgets``, ``labkit.check``,
 ``labkit.evidence``, ``labkit.models``, ``labkit.plan``, ``labkit.classroom``, and a few
 functions the notebooks call by name (``labkit.sweep_boundary``, ``labkit.scaling_sweep``...).
+``%load_ext labkit`` adds the ``%%ranks cluster`` cell magic (a cell run on every rank).
 ``docs/architecture.md`` draws the layers behind them.
 """
 
@@ -109,6 +110,14 @@ def _load(name: str):
                 raise
             raise AttributeError(f"module 'labkit' has no attribute {name!r}") from None
     return value
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext labkit`` in a notebook: the ``%%ranks cluster`` cell magic, which runs a
+    cell on every rank (``labkit/runtime/cluster/magic.py``; IPython loads only then)."""
+    from labkit.runtime.cluster.magic import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __dir__() -> list[str]:

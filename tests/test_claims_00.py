@@ -38,6 +38,18 @@ def test_every_rank_holds_the_same_total(nb):
     assert nb.results["totals"] == [float(sum(range(n)))] * n
 
 
+def test_ranks_cells_show_what_each_rank_prints_under_its_rank(nb):
+    """The first AllReduce, a %%ranks cell: each rank's print under its rank, and the value
+    of its last line on each rank, in rank order, kept in ``totals`` by --out."""
+    [index] = nb.cells_with("%%ranks cluster --out totals\n")
+    cell = nb.cell(index)
+    printed = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+    n = nb.results["world_size"]
+    assert all(f"[rank {r}] putting in {float(r)}" in printed for r in range(n)), printed
+    [shown] = [o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result"]
+    assert shown == repr(nb.results["totals"])
+
+
 def test_small_messages_move_far_fewer_bytes_per_second_than_large_ones(busbw):
     smallest = min(busbw)
     assert busbw[smallest] < 0.2 * max(busbw.values()), busbw

@@ -18,8 +18,9 @@ This process, before it reads any learner code:
   that nothing in labkit shows a reference solution while grading.
 
 The instructor's cells are executed here in order (IPython's syntax, such as the first cell's
-``%pip``, translated to Python as a kernel does); an answer cell is never executed here: the
-names it defines are bound to ``answers.Answer`` objects, run on the ranks. A check cell's
+``%pip``, translated to Python as a kernel does, and ``%%ranks`` run as the kernel runs it);
+an answer cell is never executed here: the names it defines are bound to ``answers.Answer``
+objects, run on the ranks. A check cell's
 verdict is the last ``CheckResult`` it displayed or assigned, then its hidden tests run here,
 read from ``HIDDEN_FD`` only when that cell is reached (they are in no file the sandbox can
 read, and ranks started before never held them); one that raises fails the exercise. A quiz
@@ -54,6 +55,28 @@ def _parse(source: str, name: str) -> ast.Module:
         return ast.parse(TransformerManager().transform_cell(source), name)
 
 
+class _Shell:
+    """What ``get_ipython()`` is for the course's cells here: the magics they use, run as in
+    a kernel (``%load_ext labkit``, then ``%%ranks cluster``: a cell run on every rank)."""
+
+    def __init__(self, namespace: dict):
+        self.namespace, self.ranks = namespace, None
+
+    def run_line_magic(self, name: str, line: str):
+        if name == "load_ext" and line.strip() == "labkit":
+            from labkit.runtime.cluster.magic import RanksCells
+
+            self.ranks = self.ranks or RanksCells(self.namespace)
+            return None
+        raise RuntimeError(f"%{name} {line} does not run in the grader's checker")
+
+    def run_cell_magic(self, name: str, line: str, cell: str):
+        if name != "ranks" or self.ranks is None:
+            raise RuntimeError(f"%%{name} does not run in the grader's checker (only "
+                               "%%ranks, after %load_ext labkit)")
+        return self.ranks.run(line, cell)
+
+
 class CellTimeout(Exception):
     """A cell of the grader's run passed the cell time limit."""
 
@@ -80,6 +103,8 @@ class Run:
         self.spec, self.channel, self.hidden, self.result_type = spec, channel, hidden, CheckResult
         self.shown: list = []
         self.namespace = {"__name__": "__main__", "display": self._display}
+        shell = _Shell(self.namespace)
+        self.namespace["get_ipython"] = lambda: shell
         self.answers: list[str] = []
         labkit.widgets.show_quiz = self._quiz
 
