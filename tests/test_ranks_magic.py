@@ -104,6 +104,18 @@ def test_a_cell_without_a_last_expression_shows_only_what_the_ranks_print(execut
     assert "[rank 0] hello" in _text(cell, "stdout") and "[rank 1] hello" in _text(cell, "stdout")
 
 
+@pytest.mark.parametrize("out", ["1bad", "a.b", "class"])
+def test_out_that_is_not_a_python_name_is_refused_before_anything_runs(out):
+    """The values would land under a key no cell can name; nothing is sent to the ranks."""
+    from IPython.core.error import UsageError
+
+    from labkit.runtime.cluster.magic import RanksCells
+
+    cells = RanksCells({})
+    with pytest.raises(UsageError, match="is not a Python name"):
+        cells.run(f"cluster --out {out}", "ctx.rank")
+    assert out not in cells.user_ns
+
 
 def _run(kc, code: str, timeout: float = 60) -> tuple[dict, str]:
     """Execute ``code`` in the kernel; (its reply's content, the text it printed)."""

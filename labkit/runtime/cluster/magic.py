@@ -19,6 +19,7 @@ and nowhere else.
 
 from __future__ import annotations
 
+import keyword
 import weakref
 
 from IPython.core.error import UsageError
@@ -47,6 +48,9 @@ class RanksCells:
         """Run ``cell`` on every rank of the cluster ``line`` names; the ranks' values of
         its last expression in rank order (None when it has none, or all are None)."""
         args = parse_argstring(RanksMagics.ranks, line)
+        if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
+            raise UsageError(f"%%ranks --out {args.out}: {args.out!r} is not a Python name; "
+                             "give a name such as --out values")
         cluster = self._cluster(args.cluster)
         filename = f"<%%ranks cell {execution_count}>"
         _, last = compile_cell(cell, filename)  # a SyntaxError is raised here, nothing sent
