@@ -63,6 +63,20 @@ def test_a_run_without_profile_writes_no_trace(two):
     assert report.traces == []
 
 
+def test_a_checkpointed_run_resumes_with_the_profiler_on(two, tmp_path):
+    """Where the traces go is not part of what a checkpoint is of: a run saved without a
+    profiler resumes with one, and its two resumed steps are traced (the profiler numbers
+    its own steps from 0)."""
+    config = labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=32, steps=2,
+                                checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    labkit.train(two, config, estimate=False)
+    report = labkit.train(two, config.replace(steps=4, profile=str(tmp_path / "traces")),
+                          estimate=False)
+    assert report.ranks[0]["resumed_from"] == "step-00000002"
+    steps = {e.get("name") for e in json.loads(open(report.traces[0]).read())["traceEvents"]}
+    assert {"ProfilerStep#0", "ProfilerStep#1"} <= steps
+
+
 class _NoRanks:
     """A cluster whose ranks must not start."""
     world_size, device, backend, memory_per_device = 2, "cpu", "gloo", None
