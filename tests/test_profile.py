@@ -77,6 +77,17 @@ def test_a_checkpointed_run_resumes_with_the_profiler_on(two, tmp_path):
     assert {"ProfilerStep#0", "ProfilerStep#1"} <= steps
 
 
+def test_a_folder_holds_one_run_s_traces(two, tmp_path):
+    """An earlier run's traces of ranks this run does not have are removed: TensorBoard and
+    HTA read every trace in the folder. Other files stay."""
+    for name in ("rank2.pt.trace.json", "rank3.pt.trace.json", "notes.txt"):
+        (tmp_path / name).write_text("{}")
+    report = labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=2,
+                          estimate=False, profile=tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", *(os.path.basename(p)
+                                                           for p in report.traces)]
+
+
 class _NoRanks:
     """A cluster whose ranks must not start."""
     world_size, device, backend, memory_per_device = 2, "cpu", "gloo", None
