@@ -117,6 +117,25 @@ def test_out_that_is_not_a_python_name_is_refused_before_anything_runs(out):
     assert out not in cells.user_ns
 
 
+def test_the_note_on_lost_names_comes_only_when_the_ranks_stopped(two):
+    """A timeout stops the ranks (the note says the names are gone); a result the notebook
+    cannot rebuild leaves them up with their names (no such note)."""
+    from labkit.runtime.cluster.errors import RankError, RunTimeout
+    from labkit.runtime.cluster.magic import FAILURE_NOTE, RanksCells
+
+    cells = RanksCells({"cluster": two})
+    with pytest.raises(RunTimeout) as stopped:
+        cells.run("cluster --timeout 1", "while True:\n    pass")
+    assert FAILURE_NOTE in stopped.value.__notes__
+    cells.run("cluster", "kept = 41")
+    unbuildable = "class Bad:\n    def __reduce__(self):\n        return int, ('x',)\nBad()"
+    with pytest.raises(RankError) as kept_up:
+        cells.run("cluster", unbuildable)
+    assert not kept_up.value.restarted
+    assert FAILURE_NOTE not in getattr(kept_up.value, "__notes__", [])
+    assert cells.run("cluster", "kept + 1") == [42, 42]
+
+
 def _run(kc, code: str, timeout: float = 60) -> tuple[dict, str]:
     """Execute ``code`` in the kernel; (its reply's content, the text it printed)."""
     msg_id = kc.execute(code)

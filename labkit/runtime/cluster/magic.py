@@ -28,7 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from labkit.runtime.cluster.cells import compile_cell, run_cell
 from labkit.runtime.cluster.cluster import Cluster
-from labkit.runtime.cluster.errors import RankError
+from labkit.runtime.cluster.errors import RankError, RunTimeout
 
 FAILURE_NOTE = ("%%ranks: the ranks restart on the next run, and the names that %%ranks "
                 "cells defined on them (kept in ctx.state) are gone; run those cells again")
@@ -57,8 +57,9 @@ class RanksCells:
         try:
             answers = cluster.run(run_cell, f"%%ranks {line}", cell, filename,
                                   cluster in self._ran, timeout=args.timeout)
-        except RankError as error:
-            error.add_note(FAILURE_NOTE)
+        except (RankError, RunTimeout) as error:
+            if getattr(error, "restarted", True):  # a result not rebuilt leaves them up
+                error.add_note(FAILURE_NOTE)
             # The rank's traceback is in the error; labkit's own frames are noise here.
             raise error.with_traceback(None) from error.__cause__
         self._ran[cluster] = True
