@@ -11,6 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import labkit
+
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -202,3 +204,8 @@ def test_the_graders_checker_runs_ranks_cells_as_a_kernel_does(two):
     assert namespace["seen"] == [0, 1]
     with pytest.raises(RuntimeError, match="does not run in the grader"):
         shell.run_line_magic("pip", "install something")
+    # each cell has a name of its own, so a function an earlier cell defined quotes its line
+    shell.run_cell_magic("ranks", "cluster", "def inverse(x):\n    return 1 / x")
+    with pytest.raises(labkit.RankError) as failed:
+        shell.run_cell_magic("ranks", "cluster", "zero = 0\nother = 1\ninverse(zero)")
+    assert "return 1 / x" in str(failed.value) and "other = 1\n" not in str(failed.value)
