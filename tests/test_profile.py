@@ -88,6 +88,15 @@ def test_a_folder_holds_one_run_s_traces(two, tmp_path):
                                                            for p in report.traces)]
 
 
+def test_a_memory_capped_run_traces_the_steps_its_report_times(two, tmp_path):
+    """Under a cap every step is memory-tracked, and the report times all but the first:
+    the trace holds those steps, so trace_vs_clocks compares the same ones."""
+    report = labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=4,
+                          estimate=False, profile=tmp_path, memory_per_device="1GB")
+    for rank in trace_vs_clocks(report):
+        assert rank["trace"]["steps"] == rank["labkit"]["steps"] == 3
+
+
 class _NoRanks:
     """A cluster whose ranks must not start."""
     world_size, device, backend, memory_per_device = 2, "cpu", "gloo", None
