@@ -5,7 +5,8 @@ JSON per rank (``DIR/rank{r}.pt.trace.json``), the file a practitioner opens in 
 The profiler runs over the steps the report's step time is taken from
 (``labkit/training/report.py``: ``timed_steps``) and skips the rest with its schedule: the
 first step (lazy set-up) and the memory-tracked ones, the last of them serving as the
-profiler's own warm-up. ``export_chrome_trace`` writes the trace, rather than
+profiler's own warm-up (under a memory cap every step is tracked, and all but the first are
+timed). ``export_chrome_trace`` writes the trace, rather than
 ``tensorboard_trace_handler``, whose file names carry a host, a pid and a timestamp: a fixed
 name per rank is one the report can list and a learner can find, and the
 ``.pt.trace.json`` ending is the one TensorBoard's profiler plugin looks for.
