@@ -63,6 +63,40 @@ def test_a_run_without_profile_writes_no_trace(two):
     assert report.traces == []
 
 
+def test_a_checkpointed_run_resumes_with_the_profiler_on(two, tmp_path):
+    """Where the traces go is not part of what a checkpoint is of: a run saved without a
+    profiler resumes with one, and its two resumed steps are traced (the profiler numbers
+    its own steps from 0)."""
+    config = labkit.TrainConfig(model="mlp", strategy="ddp", global_batch=32, steps=2,
+                                checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    labkit.train(two, config, estimate=False)
+    report = labkit.train(two, config.replace(steps=4, profile=str(tmp_path / "traces")),
+                          estimate=False)
+    assert report.ranks[0]["resumed_from"] == "step-00000002"
+    steps = {e.get("name") for e in json.loads(open(report.traces[0]).read())["traceEvents"]}
+    assert {"ProfilerStep#0", "ProfilerStep#1"} <= steps
+
+
+def test_a_folder_holds_one_run_s_traces(two, tmp_path):
+    """An earlier run's traces of ranks this run does not have are removed: TensorBoard and
+    HTA read every trace in the folder. Other files stay."""
+    for name in ("rank2.pt.trace.json", "rank3.pt.trace.json", "notes.txt"):
+        (tmp_path / name).write_text("{}")
+    report = labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=2,
+                          estimate=False, profile=tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", *(os.path.basename(p)
+                                                           for p in report.traces)]
+
+
+def test_a_memory_capped_run_traces_the_steps_its_report_times(two, tmp_path):
+    """Under a cap every step is memory-tracked, and the report times all but the first:
+    the trace holds those steps, so trace_vs_clocks compares the same ones."""
+    report = labkit.train(two, model="mlp", strategy="ddp", global_batch=32, steps=4,
+                          estimate=False, profile=tmp_path, memory_per_device="1GB")
+    for rank in trace_vs_clocks(report):
+        assert rank["trace"]["steps"] == rank["labkit"]["steps"] == 3
+
+
 class _NoRanks:
     """A cluster whose ranks must not start."""
     world_size, device, backend, memory_per_device = 2, "cpu", "gloo", None

@@ -11,6 +11,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import labkit
+
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -104,6 +106,37 @@ def test_a_cell_without_a_last_expression_shows_only_what_the_ranks_print(execut
     assert "[rank 0] hello" in _text(cell, "stdout") and "[rank 1] hello" in _text(cell, "stdout")
 
 
+@pytest.mark.parametrize("out", ["1bad", "a.b", "class"])
+def test_out_that_is_not_a_python_name_is_refused_before_anything_runs(out):
+    """The values would land under a key no cell can name; nothing is sent to the ranks."""
+    from IPython.core.error import UsageError
+
+    from labkit.runtime.cluster.magic import RanksCells
+
+    cells = RanksCells({})
+    with pytest.raises(UsageError, match="is not a Python name"):
+        cells.run(f"cluster --out {out}", "ctx.rank")
+    assert out not in cells.user_ns
+
+
+def test_the_note_on_lost_names_comes_only_when_the_ranks_stopped(two):
+    """A timeout stops the ranks (the note says the names are gone); a result the notebook
+    cannot rebuild leaves them up with their names (no such note)."""
+    from labkit.runtime.cluster.errors import RankError, RunTimeout
+    from labkit.runtime.cluster.magic import FAILURE_NOTE, RanksCells
+
+    cells = RanksCells({"cluster": two})
+    with pytest.raises(RunTimeout) as stopped:
+        cells.run("cluster --timeout 1", "while True:\n    pass")
+    assert FAILURE_NOTE in stopped.value.__notes__
+    cells.run("cluster", "kept = 41")
+    unbuildable = "class Bad:\n    def __reduce__(self):\n        return int, ('x',)\nBad()"
+    with pytest.raises(RankError) as kept_up:
+        cells.run("cluster", unbuildable)
+    assert not kept_up.value.restarted
+    assert FAILURE_NOTE not in getattr(kept_up.value, "__notes__", [])
+    assert cells.run("cluster", "kept + 1") == [42, 42]
+
 
 def _run(kc, code: str, timeout: float = 60) -> tuple[dict, str]:
     """Execute ``code`` in the kernel; (its reply's content, the text it printed)."""
@@ -171,3 +204,8 @@ def test_the_graders_checker_runs_ranks_cells_as_a_kernel_does(two):
     assert namespace["seen"] == [0, 1]
     with pytest.raises(RuntimeError, match="does not run in the grader"):
         shell.run_line_magic("pip", "install something")
+    # each cell has a name of its own, so a function an earlier cell defined quotes its line
+    shell.run_cell_magic("ranks", "cluster", "def inverse(x):\n    return 1 / x")
+    with pytest.raises(labkit.RankError) as failed:
+        shell.run_cell_magic("ranks", "cluster", "zero = 0\nother = 1\ninverse(zero)")
+    assert "return 1 / x" in str(failed.value) and "other = 1\n" not in str(failed.value)

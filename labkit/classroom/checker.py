@@ -61,6 +61,7 @@ class _Shell:
 
     def __init__(self, namespace: dict):
         self.namespace, self.ranks = namespace, None
+        self.ranks_cells = 0  # a number per %%ranks cell: its traceback's file name
 
     def run_line_magic(self, name: str, line: str):
         if name == "load_ext" and line.strip() == "labkit":
@@ -74,7 +75,8 @@ class _Shell:
         if name != "ranks" or self.ranks is None:
             raise RuntimeError(f"%%{name} does not run in the grader's checker (only "
                                "%%ranks, after %load_ext labkit)")
-        return self.ranks.run(line, cell)
+        self.ranks_cells += 1
+        return self.ranks.run(line, cell, self.ranks_cells)
 
 
 class CellTimeout(Exception):

@@ -154,7 +154,8 @@ def train_on_rank(ctx, run_dict: dict) -> dict:
             tracked_until = min(config.steps, start + MEMORY_STEPS)
             profiler = profiling.enter_context(rank_profiler(
                 config.profile, ctx.rank, resolved.device_type, start, config.steps,
-                tracked_until))
+                config.steps if always_tracked else tracked_until,  # as the report times
+                world_size=ctx.world_size))
             _steps(run, config, built, observers, range(start, tracked_until), True,
                    records, saver, profiler)
             memory = tracker.report()

@@ -5,7 +5,8 @@ JSON per rank (``DIR/rank{r}.pt.trace.json``), the file a practitioner opens in 
 The profiler runs over the steps the report's step time is taken from
 (``labkit/training/report.py``: ``timed_steps``) and skips the rest with its schedule: the
 first step (lazy set-up) and the memory-tracked ones, the last of them serving as the
-profiler's own warm-up. ``export_chrome_trace`` writes the trace, rather than
+profiler's own warm-up (under a memory cap every step is tracked, and all but the first are
+timed). ``export_chrome_trace`` writes the trace, rather than
 ``tensorboard_trace_handler``, whose file names carry a host, a pid and a timestamp: a fixed
 name per rank is one the report can list and a learner can find, and the
 ``.pt.trace.json`` ending is the one TensorBoard's profiler plugin looks for.
@@ -14,11 +15,13 @@ name per rank is one the report can list and a learner can find, and the
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 TRACE_NAME = "rank{rank}.pt.trace.json"
+TRACE_FILE = re.compile(r"^rank(\d+)\.pt\.trace\.json$")
 
 
 def trace_path(folder: str, rank: int) -> str:
@@ -52,6 +55,16 @@ def profiled_steps(start: int, steps: int, tracked_until: int) -> range:
     return range(max(start, min(1, steps - 1)), steps)
 
 
+def remove_other_ranks_traces(folder: str, world_size: int) -> None:
+    """Delete the traces in ``folder`` of ranks a ``world_size``-rank run does not have (an
+    earlier run's, on more ranks): TensorBoard and HTA read every trace in a folder, and
+    would mix two runs."""
+    for name in os.listdir(folder):
+        match = TRACE_FILE.match(name)
+        if match and int(match.group(1)) >= world_size:
+            os.remove(os.path.join(folder, name))
+
+
 class _NoProfile:
     def step(self) -> None:
         pass
@@ -59,13 +72,16 @@ class _NoProfile:
 
 @contextmanager
 def rank_profiler(folder: str | None, rank: int, device_type: str, start: int, steps: int,
-                  tracked_until: int):
+                  tracked_until: int, world_size: int = 1):
     """A profiler over this rank's steps ``start..steps`` (its ``step()`` called after each)
     that records ``profiled_steps`` and writes them to ``trace_path(folder, rank)``; a
-    profiler that does nothing without ``folder``. Yields it; ``.path`` is the trace's."""
+    profiler that does nothing without ``folder``. Yields it; ``.path`` is the trace's.
+    Rank 0 first deletes the traces of ranks this run does not have."""
     if folder is None or start >= steps:
         yield _NoProfile()
         return
+    if rank == 0:
+        remove_other_ranks_traces(folder, world_size)
     from torch.profiler import ProfilerActivity, profile, schedule
 
     timed = profiled_steps(start, steps, tracked_until)

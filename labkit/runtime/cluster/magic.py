@@ -19,6 +19,7 @@ and nowhere else.
 
 from __future__ import annotations
 
+import keyword
 import weakref
 
 from IPython.core.error import UsageError
@@ -27,7 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from labkit.runtime.cluster.cells import compile_cell, run_cell
 from labkit.runtime.cluster.cluster import Cluster
-from labkit.runtime.cluster.errors import RankError
+from labkit.runtime.cluster.errors import RankError, RunTimeout
 
 FAILURE_NOTE = ("%%ranks: the ranks restart on the next run, and the names that %%ranks "
                 "cells defined on them (kept in ctx.state) are gone; run those cells again")
@@ -47,14 +48,18 @@ class RanksCells:
         """Run ``cell`` on every rank of the cluster ``line`` names; the ranks' values of
         its last expression in rank order (None when it has none, or all are None)."""
         args = parse_argstring(RanksMagics.ranks, line)
+        if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
+            raise UsageError(f"%%ranks --out {args.out}: {args.out!r} is not a Python name; "
+                             "give a name such as --out values")
         cluster = self._cluster(args.cluster)
         filename = f"<%%ranks cell {execution_count}>"
         _, last = compile_cell(cell, filename)  # a SyntaxError is raised here, nothing sent
         try:
             answers = cluster.run(run_cell, f"%%ranks {line}", cell, filename,
                                   cluster in self._ran, timeout=args.timeout)
-        except RankError as error:
-            error.add_note(FAILURE_NOTE)
+        except (RankError, RunTimeout) as error:
+            if getattr(error, "restarted", True):  # a result not rebuilt leaves them up
+                error.add_note(FAILURE_NOTE)
             # The rank's traceback is in the error; labkit's own frames are noise here.
             raise error.with_traceback(None) from error.__cause__
         self._ran[cluster] = True
