@@ -20,6 +20,8 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from labkit.runtime.folders import check_can_be_a_folder
+
 TRACE_NAME = "rank{rank}.pt.trace.json"
 TRACE_FILE = re.compile(r"^rank(\d+)\.pt\.trace\.json$")
 
@@ -35,15 +37,7 @@ def check_profile_dir(folder) -> str:
     if not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"profile must be a folder's path, got {folder!r}")
     root = Path(os.path.abspath(os.path.expanduser(os.fspath(folder))))
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"profile folder {str(root)!r} cannot be made: {str(existing)!r} is "
-                         f"a file, not a folder: give another profile folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"profile folder {str(root)!r}: {str(existing)!r} cannot be written "
-                         f"to: give a folder you may write in")
+    check_can_be_a_folder(root, "profile folder")
     root.mkdir(parents=True, exist_ok=True)
     return str(root)
 

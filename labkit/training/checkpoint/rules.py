@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from labkit.runtime.folders import check_can_be_a_folder
 from labkit.training.checkpoint.store import CheckpointError, Found, check_dir
 
 
@@ -17,7 +18,7 @@ def check_checkpointing(run) -> Found | None:
     config = run.config
     if config.checkpoint_dir is None:
         return None
-    _check_can_be_a_folder(Path(config.checkpoint_dir))
+    check_can_be_a_folder(Path(config.checkpoint_dir), "checkpoint_dir", CheckpointError)
     return check_dir(config.checkpoint_dir, config.to_dict(), config.steps)
 
 
@@ -29,17 +30,3 @@ def resolved(config):
         return config
     return config.replace(
         checkpoint_dir=os.path.abspath(os.path.expanduser(config.checkpoint_dir)))
-
-
-def _check_can_be_a_folder(root: Path) -> None:
-    """The first save makes ``root`` (and its parents): refuse now what would stop it then,
-    after every step was trained (a file in its place, a folder nobody may write to)."""
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise CheckpointError(f"checkpoint_dir {str(root)!r} cannot be made: {str(existing)!r} "
-                              f"is a file, not a folder: give another checkpoint_dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CheckpointError(f"checkpoint_dir {str(root)!r}: {str(existing)!r} cannot be "
-                              f"written to: give a folder you may write in")
