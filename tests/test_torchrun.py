@@ -12,8 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import labkit
@@ -154,21 +156,61 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_resumes_exactly(two, tmp_
         "LOCK", "step-00000002", "step-00000004", "step-00000005"]
 
 
-def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
-    """``--nnodes 2``: two launchers (two "nodes" on this machine), one process each, one
-    c10d rendezvous endpoint; one run of 2 ranks, its report written by global rank 0."""
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself listens on ``port`` (not a stranger that took it)."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
+
+
+def _start_host_node(command: list[str], env: dict, cwd: Path) -> tuple[subprocess.Popen, int]:
+    """The node that hosts the rendezvous store (``is_host=1``), once its port accepts
+    connections. A port taken between the probe and the bind makes the host fail at once
+    (it never falls back to joining a stranger's listener): then a fresh port is tried."""
+    for _ in range(3):
+        port = _free_port()
+        node = subprocess.Popen(
+            [*command[:1], "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "is_host=1",
+             *command[1:]], cwd=cwd, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        while node.poll() is None and not _listens(node.pid, port):
+            time.sleep(0.1)
+        if node.poll() is None:
+            return node, port
+        output = node.communicate()[0]
+        assert "C10d store has failed" in output, output[-3000:]  # a lost port race only
+    pytest.fail("no free port held long enough for the rendezvous store, three times")
+
+
+def test_two_torchrun_nodes_meet_at_one_rendezvous_endpoint(tmp_path):
+    """``--nnodes 2``: two launchers (two "nodes" on this machine), one process each, one
+    c10d rendezvous endpoint; one run of 2 ranks, its report written by global rank 0.
+    One node hosts the store, the other joins it, as on two machines."""
     command = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", "-m",
+               "--rdzv-id", "two-nodes", "-m",
                "labkit", "train", "--model", "mlp", "--global-batch", "16", "--strategy",
                "fsdp", "naive_pipeline", "--steps", "2", "--out", str(tmp_path / "r.json")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    host, port = _start_host_node(command, env, tmp_path)
+    nodes = [host, subprocess.Popen(
+        [*command[:1], "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "is_host=0",
+         *command[1:]], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)]
     try:
         outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        outputs = [node.communicate()[0] or "" for node in nodes]
+        pytest.fail("two nodes ran past 240 s:\n" + "\n".join(o[-3000:] for o in outputs))
     finally:
         for node in nodes:
             node.kill()
