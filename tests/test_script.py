@@ -127,7 +127,10 @@ def test_every_written_script_passes_ruff_and_imports_only_torch(tmp_path):
         on_gpus = "LOCAL_RANK" in text and "torch.cuda.set_device" in text
         assert on_gpus == (script.stem != "cpu"), script.name
         lines = len(text.splitlines())
-        assert lines <= (300 if "GPT" in text[:200] else 200), (script.name, lines)
+        # one parallelism, or FSDP with TP: a page to read; composed layouts with a pipeline,
+        # a precision or recomputation add their pieces
+        limit = 250 if script.stem in [*ON_TWO, "fsdp_tp"] else 300
+        assert lines <= (limit if "GPT" in text[:200] else 200), (script.name, lines)
 
 
 @pytest.mark.parametrize("shape", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from labkit.models import gpt, mlp
 from labkit.models.gpt_split import GPTEmbedding, block_styles
@@ -22,14 +23,19 @@ def _literal(value) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
-def config_piece(config) -> Piece:
+def config_piece(config, code: str | None = None) -> Piece:
     """``config`` as a frozen dataclass whose defaults are its values; what the zoo's config
-    derives (``d_head``...) is written out as fields of its own."""
+    derives (``d_head``...) is written out as fields of its own. With ``code`` (the rest of
+    the script), only the fields it reads (``config.NAME``)."""
     cls = type(config)
+
+    def read(name: str) -> bool:
+        return code is None or re.search(rf"\bconfig\.{name}\b", code) is not None
+
     lines = [f"{f.name}: {f.type} = {_literal(getattr(config, f.name))}"
-             for f in dataclasses.fields(config)]
+             for f in dataclasses.fields(config) if read(f.name)]
     derived = [name for name, value in vars(cls).items()
-               if isinstance(value, property) and name != "name"]
+               if isinstance(value, property) and name != "name" and read(name)]
     lines += [f"{name}: int = {getattr(config, name)!r}  # derived ({cls.__name__}.{name})"
               for name in derived]
     body = "\n".join(f"    {line}" for line in lines)
@@ -66,9 +72,26 @@ _GELU = """        d, hidden, bias = config.d_model, config.ff_width, config.bia
         self.mlp = nn.Sequential(nn.Linear(d, hidden, bias=bias), nn.GELU(),
                                  nn.Linear(hidden, d, bias=bias))
 """
+# the docstrings as they read in the source (each continuation line indented as there)
+_GQA_ATTENTION_DOC = f'"""{gpt.causal_attention.__doc__}"""'
+_GQA_SPLIT_DOC = f'"""{gpt.SelfAttention._split.__doc__}"""'
 _HEAD = """        self.head = (TiedHead(self.tok) if config.tie_embeddings
                      else nn.Linear(config.d_model, config.vocab_size, bias=False))
 """
+
+
+def _multi_head(text: str) -> str:
+    """The GPT's attention without grouped-query attention's branches and their words."""
+    text = _cut(text, _GQA, "        return qkv.chunk(3, dim=2)\n")
+    text = _cut(text, "    if k.shape[1] != q.shape[1]:\n        return F.scaled_dot_"
+                "product_attention(q, k, v, is_causal=True, enable_gqa=True)\n")
+    text = _cut(text, "        self.group = config.n_heads // config.kv_heads  # query heads per "
+                "key/value head\n")
+    text = _cut(text, _GQA_ATTENTION_DOC, '"""Causal attention over the whole sequence; q, k, '
+                'v (batch, head, seq, d_head)."""')
+    return _cut(text, _GQA_SPLIT_DOC, '"""q, k and v (batch, seq, heads x d_head): the rows '
+                "[q; k; v], sized from the\n        tensor (under tensor parallelism a rank "
+                'holds only some heads)."""')
 
 
 def gpt_source(config) -> str:
@@ -88,9 +111,11 @@ def gpt_source(config) -> str:
         text = _cut(text, "        if self.rope_theta is not None:\n            q, k = "
                     "rotary(q, self.rope_theta), rotary(k, self.rope_theta)\n")
     if config.kv_heads == config.n_heads:  # multi-head attention: no groups to split
-        text = _cut(text, _GQA, "        return qkv.chunk(3, dim=2)\n")
-        text = _cut(text, "    if k.shape[1] != q.shape[1]:\n        return F.scaled_dot_"
-                    "product_attention(q, k, v, is_causal=True, enable_gqa=True)\n")
+        text = _multi_head(text)
+    if config.position == "learned":  # the position embedding is always there
+        text = _cut(text, '(nn.Embedding(config.seq_len, config.d_model)\n                    '
+                    'if config.position == "learned" else None)', "nn.Embedding(config.seq_len, "
+                    "config.d_model)")
     text = _cut(text, _MLP, "        self.mlp = SwiGLU(config)\n" if swiglu else _GELU)
     if config.norm == "layernorm":
         text = _cut(text, '    if config.norm == "rmsnorm":\n        return nn.RMSNorm('
@@ -109,6 +134,11 @@ def model_pieces(config, pipelined: bool) -> list[Piece]:
     text = gpt_source(config)
     if pipelined:
         text += "\n\n\n" + source_of(GPTEmbedding)
+    if config.position == "learned":
+        if pipelined:
+            text = _cut(text, "  # pos is None under rotary embeddings", "")
+        text = text.replace("        if self.pos is not None:\n            x = x + self.pos(",
+                            "        x = x + self.pos(")
     return [config_piece(config), Piece(text, _IMPORTS[family])]
 
 
@@ -132,9 +162,8 @@ def tp_pieces(config, meta_model, plan, tp: int) -> Piece:
                             for name, style in styles.items())
         reorder = block('''
             def heads_together(model: nn.Module, tp: int) -> None:
-                """Reorder each fused qkv's rows [q; k; v] into [q_0 k_0 v_0; q_1 k_1 v_1; ...],
-                so that ColwiseParallel's even split by rows gives tp rank r the q, k and v of
-                its own heads (labkit/models/gpt_split.py does the same)."""
+                """Reorder each fused qkv's rows [q; k; v] into [q_0 k_0 v_0; q_1 k_1 v_1; ...]:
+                ColwiseParallel's even split by rows then gives tp rank r its heads' q, k, v."""
                 with torch.no_grad():
                     for block in model.blocks:
                         qkv = block.attn.qkv

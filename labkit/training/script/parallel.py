@@ -138,20 +138,26 @@ def data_parallel_pieces(run, engine: str | None, shard_dims) -> list[Piece]:
     return pieces
 
 
-def write_piece() -> Piece:
-    return block('''
-        def write_losses(losses: list[float], out: str) -> None:
-            """Rank 0 writes each step's loss: the mean over the ranks that computed one (each
-            its own slice of the batch; a pipeline's earlier stages compute none)."""
-            gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-            dist.gather_object(losses, gathered, dst=0)
-            if dist.get_rank() == 0:
-                kept = [r for r in gathered if r]  # the ranks that computed losses
-                per_step = [statistics.fmean(step) for step in zip(*kept, strict=True)]
-                with open(out, "w") as file:
-                    json.dump({"losses": per_step}, file)
-                print(f"loss {per_step[0]:.4f} -> {per_step[-1]:.4f}; written to {out}")
-    ''', "import json", "import statistics", "import torch.distributed as dist")
+def write_piece(pipelined: bool) -> Piece:
+    """``write_losses``; in a pipeline only the last stages' ranks have losses to give."""
+    if pipelined:
+        doc = ("the mean over the ranks that computed one (each\n    its own slice of the "
+               "batch; a pipeline's earlier stages compute none).")
+        keep = "        kept = [r for r in gathered if r]  # the ranks that computed losses\n"
+    else:
+        doc, keep = "the mean over the ranks (each its own slice).", ""
+    code = (f'def write_losses(losses: list[float], out: str) -> None:\n'
+            f'    """Rank 0 writes each step\'s loss: {doc}"""\n'
+            "    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None\n"
+            "    dist.gather_object(losses, gathered, dst=0)\n"
+            "    if dist.get_rank() == 0:\n"
+            f"{keep}"
+            "        per_step = [statistics.fmean(step) for step in zip("
+            f"*{'kept' if pipelined else 'gathered'}, strict=True)]\n"
+            '        with open(out, "w") as file:\n'
+            '            json.dump({"losses": per_step}, file)\n'
+            '        print(f"loss {per_step[0]:.4f} -> {per_step[-1]:.4f}; written to {out}")')
+    return Piece(code, ("import json", "import statistics", "import torch.distributed as dist"))
 
 
 def profile_piece() -> Piece:

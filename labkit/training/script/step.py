@@ -90,8 +90,7 @@ def _mesh_lines(dims) -> tuple[list[str], tuple[str, ...]]:
         return [], ()
     shape = ", ".join(str(d) for _, d in dims) + ("," if len(dims) == 1 else "")
     names = ", ".join(f'"{n}"' for n, _ in dims) + ("," if len(dims) == 1 else "")
-    lines = (["# One mesh of the ranks, a named dimension per parallelism (tp innermost: its",
-              "# ranks are neighbours, on one machine, as its traffic needs the fastest links)."]
+    lines = (["# One mesh, a named dimension per parallelism; tp innermost: its ranks neighbours."]
              if "tp" in [n for n, _ in dims] else
              ["# One mesh of the ranks, a named dimension per parallelism."])
     lines += [f"mesh = init_device_mesh(device.type, ({shape}), mesh_dim_names=({names}))"]
@@ -166,7 +165,7 @@ def _numbered(lines: list[str]) -> list[str]:
 
 def _optimizer_lines(run, engine, optimizer: str) -> tuple[list[str], list[str]]:
     params = ("[p for _, m in parts for p in m.parameters()]" if run.engines.pipelined
-              else "list(model.parameters())")
+              else "model.parameters()")
     if engine == "zero1":
         return (["# ZeRO-1: each rank keeps and steps the optimizer state of its share",
                  f"params = {params}",
@@ -175,6 +174,9 @@ def _optimizer_lines(run, engine, optimizer: str) -> tuple[list[str], list[str]]
                  '                                    lr=LR, process_group=mesh.get_group("dp"),'
                  ' foreach=False)'],
                 ["from torch.distributed.optim import ZeroRedundancyOptimizer"])
+    if not run.engines.pipelined:
+        return [f"optimizer = torch.optim.{optimizer}(model.parameters(), lr=LR, "
+                "foreach=False)"], []
     return ([f"params = {params}",
              f"optimizer = torch.optim.{optimizer}(params, lr=LR, foreach=False)"], [])
 

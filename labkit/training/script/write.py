@@ -13,6 +13,7 @@ from labkit.training.layout.layout import MESH_ORDER
 from labkit.training.script.model import (
     DATA_FUNCTION,
     MODEL_CLASS,
+    config_piece,
     data_piece,
     model_pieces,
     tp_pieces,
@@ -95,10 +96,9 @@ def _docstring(run, command: str | None, name: str) -> str:
     model = MODEL_CLASS[run.config.model.name]
     head = f"Train the zoo's {model} with {label} on {n} rank{'s' * (n > 1)}, in plain PyTorch."
     launch = f"    torchrun --nproc-per-node {n} {name} --out losses.json"
-    what = ("the same weights, data and steps as labkit's ranks, so the losses it writes "
-            "(rank 0: {\"losses\": [...]}, one per step) are labkit's. One process per rank: a "
-            "GPU each (NCCL) where there are GPUs, else a CPU core each (gloo). Only torch and "
-            "the standard library.")
+    what = ("the same weights, data and steps as labkit's ranks: the losses it writes (rank 0: "
+            "{\"losses\": [...]}, one per step) are labkit's. A GPU per rank (NCCL), or without "
+            "GPUs a CPU core per rank (gloo); torch and the standard library only.")
     if command:
         origin = [_fill("Written by ``python -m labkit script`` from the run it resolves for"),
                   _wrapped(command), _fill(f"with {what}")]
@@ -135,7 +135,10 @@ def script_text(run, command: str | None = None, cpu: bool = False,
     if run.engines.pipelined:
         pieces += pipeline_pieces(config.model.name, run.engines.schedule)
     pieces += data_parallel_pieces(run, engine, shard_dims(run.layout))
-    pieces += [step_piece(run, engine), write_piece(), *([profile_piece()] if profile else []),
+    pieces += [step_piece(run, engine), write_piece(run.engines.pipelined),
+               *([profile_piece()] if profile else []),
                main_piece(run, engine, dims, OPTIMIZER_CLASS[config.optimizer],
                           DATA_FUNCTION[config.model.name], out, profile)]
+    code = "\n".join(piece.code for piece in pieces[2:])  # only the fields the script reads
+    pieces[1] = config_piece(config.model, code)
     return join(_docstring(run, command, name), pieces)
