@@ -121,6 +121,8 @@ def test_a_folder_no_rank_can_write_to_is_refused_before_any_rank_starts(tmp_pat
         locked.chmod(0o700)
     with pytest.raises(TypeError, match="profile must be a folder's path"):
         labkit.TrainConfig(profile=3)
+    with pytest.raises(ValueError, match="names no folder"):  # not the working folder
+        labkit.train(_NoRanks(), strategy="ddp", profile="")
 
 
 def test_the_profiler_s_start_and_stop_notes_are_not_shown(two, tmp_path, capsys):

@@ -36,6 +36,9 @@ def check_profile_dir(folder) -> str:
     saying what to change, for a folder no rank could write its trace to."""
     if not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"profile must be a folder's path, got {folder!r}")
+    if not os.fspath(folder).strip():
+        raise ValueError("profile='' names no folder: give the folder the traces go to, "
+                         "e.g. profile='traces'")
     root = Path(os.path.abspath(os.path.expanduser(os.fspath(folder))))
     check_can_be_a_folder(root, "profile folder")
     root.mkdir(parents=True, exist_ok=True)

@@ -164,13 +164,19 @@ def profile_piece() -> Piece:
     return block('''
         def start_profiler(folder: str, device: torch.device) -> profile:
             """torch.profiler over the steps after the first two (they build lazy state), one
-            Chrome trace per rank in ``folder`` for Perfetto (ui.perfetto.dev) or TensorBoard."""
+            Chrome trace per rank in ``folder`` for Perfetto (ui.perfetto.dev) or TensorBoard;
+            rank 0 first deletes traces of ranks this run has not (a larger run's)."""
             os.makedirs(folder, exist_ok=True)
+            for name in os.listdir(folder) if dist.get_rank() == 0 else []:
+                rank = name.removeprefix("rank").removesuffix(".pt.trace.json")
+                if rank.isdigit() and int(rank) >= dist.get_world_size():
+                    os.remove(os.path.join(folder, name))
             path = os.path.join(folder, f"rank{dist.get_rank()}.pt.trace.json")
             activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
-            skip = 1 if STEPS > 2 else 0  # a step waited, a step of the profiler's warm-up
+            wait = 1 if STEPS > 2 else 0  # the first step builds lazy state
+            warmup = 1 if STEPS > 1 else 0  # the profiler's own warm-up step
             profiler = profile(activities=activities, schedule=schedule(
-                wait=skip, warmup=skip, active=STEPS - 2 * skip, repeat=1),
+                wait=wait, warmup=warmup, active=STEPS - wait - warmup, repeat=1),
                 on_trace_ready=lambda p: p.export_chrome_trace(path))
             profiler.start()
             return profiler
