@@ -65,3 +65,20 @@ def test_a_crashing_rank_shows_its_last_words(two, capfd):
         assert error.rank == 1 and error.exitcode == -11
     err = capfd.readouterr().err
     assert "[rank 1] Fatal Python error: Segmentation fault" in err
+
+
+def test_a_run_shows_at_most_max_lines_per_rank_then_says_how_many_more(two, capfd):
+    from labkit.runtime.cluster.output import MAX_LINES
+
+    def chatty(ctx):
+        for i in range(MAX_LINES + 500):
+            print(f"line {i}")
+
+    two.run(chatty)
+    out = capfd.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}] line {MAX_LINES - 1}\n" in out
+        assert f"[rank {rank}] line {MAX_LINES}\n" not in out
+        assert f"[rank {rank}] ... and 500 more lines" in out
+    two.run(lambda ctx: print("next run"))  # each run counts afresh
+    assert "[rank 1] next run\n" in capfd.readouterr().out

@@ -6,7 +6,9 @@ there arrives: Python's ``print``, C and C++ output (NCCL's warnings, the watchd
 lines; a line still open when the run ends (``print(".", end="")`` in a loop) is shown then,
 as one line. Kineto's note on each profiler start and stop (``USDT:... profiler_start``,
 printed by torch 2.13's C++ whatever the log level) is left out: it says nothing a learner
-can act on, and ``profile=DIR`` would print it twice per rank and run.
+can act on, and ``profile=DIR`` would print it twice per rank and run. A run shows at most
+``MAX_LINES`` lines of each rank's stream, then says how many more it left out (a print in a
+loop of a million steps would stall the notebook's browser).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 import sys
 
 _READ_BYTES = 1 << 16
+MAX_LINES = 2000  # per rank, stream and run
 _QUIET = re.compile(r"^USDT:.*SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$")
 
 
@@ -28,6 +31,7 @@ class RankStream:
         self.fd, self.rank, self.name = fd, rank, name
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._open_line = ""
+        self._shown = self._hidden = 0
 
     def fileno(self) -> int:
         return self.fd
@@ -62,15 +66,27 @@ class RankStream:
         text = self._open_line + text
         whole, newline, self._open_line = text.rpartition("\n")
         if newline:
-            prefix = f"[rank {self.rank}] "
-            self._target().write("".join(prefix + line + "\n" for line in whole.split("\n")
-                                         if not _QUIET.match(line)))
+            self._write([line for line in whole.split("\n") if not _QUIET.match(line)])
+
+    def _write(self, lines: list[str]) -> None:
+        room = max(0, MAX_LINES - self._shown)
+        self._shown += min(room, len(lines))
+        self._hidden += max(0, len(lines) - room)
+        prefix = f"[rank {self.rank}] "
+        self._target().write("".join(prefix + line + "\n" for line in lines[:room]))
+
+    def end_run(self) -> None:
+        """The run is over: say how many lines were left out, and count afresh."""
+        if self._hidden:
+            self._target().write(f"[rank {self.rank}] ... and {self._hidden:,} more lines "
+                                 f"(a run shows {MAX_LINES:,} per rank and stream)\n")
+        self._shown = self._hidden = 0
 
     def end_line(self) -> None:
         """Show a line left open (no newline yet) as a line of its own."""
         if self._open_line:
             line, self._open_line = self._open_line, ""
-            self._target().write(f"[rank {self.rank}] {line}\n")
+            self._write([line])
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -84,6 +100,7 @@ def drain(streams, end_lines: bool = True) -> None:
         stream.read()
         if end_lines:
             stream.end_line()
+            stream.end_run()
     for target in (sys.stdout, sys.stderr):
         try:
             target.flush()
