@@ -112,7 +112,8 @@ class Cluster:
                                             wait_for_workers=False, timeout=timedelta(seconds=60))
             self._generation += 1
             for rank in range(self.world_size):
-                self._procs.spawn(rank_spec(self, rank))
+                self._procs.spawn(rank_spec(self, rank, self._store.port, self._generation,
+                                            self._procs.kind == "fork"))
             self._await_ready(deadline)
         except BaseException:
             self._procs.kill_ranks()
@@ -258,7 +259,8 @@ class Cluster:
             if deadline is not None:
                 deadline += time.monotonic() - started
             self._job_id += 1
-            self._procs.send_all(jobs(self._job_id, pickled, job_options(self)))
+            options = job_options(self, self._capacity_bytes)
+            self._procs.send_all(jobs(self._job_id, pickled, options))
             progress = RunProgress(self.world_size, enabled=self.progress,
                                    listener=self._listeners.current())
             try:
@@ -286,7 +288,7 @@ class Cluster:
         return [dict(h.info or {"rank": h.rank}) for h in self._procs.ranks]
 
     def __repr__(self) -> str:
-        return cluster_line(self)
+        return cluster_line(self, len(self._procs.ranks))
 
     def _repr_html_(self) -> str:
         return ranks_html(repr(self), self.ranks)
