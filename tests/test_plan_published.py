@@ -234,8 +234,9 @@ def test_plain_pytorch_fsdp_runs_are_projected_faster_than_published():
 
 
 def test_flashattention_in_triton_runs_slower_than_fa2(monkeypatch):
-    """Composer's attn_impl "triton" is timed at FA2's rate over the least of Dao 2023's
-    1.3-2.5x: the same run with FA2 spends 1.3x less on attention, the rest unchanged."""
+    """Composer's attn_impl "triton" (Dao's pre-MLIR Triton kernel, beside FlashAttention-1)
+    is timed at FA2's rate over the least of Dao 2023's 1.7-3.0x over FA1: the same run with
+    FA2 spends 1.7x less on attention, the rest unchanged."""
     import dataclasses
 
     from labkit.plan.project import ATTENTION_SLOWER
@@ -252,5 +253,5 @@ def test_flashattention_in_triton_runs_slower_than_fa2(monkeypatch):
     monkeypatch.setitem(FRAMEWORKS, "composer",
                         dataclasses.replace(FRAMEWORKS["composer"], attention_kernel="fa2"))
     fa2 = compute_s()
-    assert ATTENTION_SLOWER["triton"] == 1.3 and ATTENTION_SLOWER["fa2"] == 1.0
+    assert ATTENTION_SLOWER["triton"] == 1.7 and ATTENTION_SLOWER["fa2"] == 1.0
     assert triton > fa2

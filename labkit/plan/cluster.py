@@ -87,10 +87,11 @@ class GPUCluster:
     def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce"
              ) -> tuple[float, float]:
         """(alpha seconds per ring step, bandwidth bytes/s) of the link a ``kind`` collective
-        over ``group`` GPUs uses."""
+        over ``group`` GPUs uses: the network's NICs, or the node's GPU links at the rate NCCL
+        was measured to reach on them (``GPU.achieved_bandwidth``)."""
         if spans_nodes:
             return self.alpha_s[1], self.inter_node_bandwidth
-        return self.alpha_s[0], self.gpu.group_bandwidth(group, kind)
+        return self.alpha_s[0], self.gpu.achieved_bandwidth(group, kind)
 
     def replace(self, **changes) -> GPUCluster:
         return dataclasses.replace(self, **changes)

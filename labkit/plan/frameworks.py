@@ -30,6 +30,10 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   in backward by default, pytorch PR #128884) or "post" (after them, FSDP1's BACKWARD_POST:
   "this overlaps the current reduce-scatter and the next gradient computation", torch's
   ``BackwardPrefetch`` docstring; the all-gather itself is waited for).
+* ``reduce_every_micro_batch``: whether FSDP reduce-scatters the gradients after every
+  micro-batch's backward (Composer 0.16: ``Trainer._train_microbatch`` keeps gradients local
+  with ``no_sync`` under DDP only) or once a step, after the last (torch FSDP's
+  ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``: labkit's engines).
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -75,6 +79,7 @@ class Framework:
     attention_kernel: str = "fa2"
     backward_prefetch: str = "pre"
     fused_saves: bool = True
+    reduce_every_micro_batch: bool = False
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -92,11 +97,15 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
               "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
               "(parameters gathered in forward and again in backward), mixed_precision "
-              "DEFAULT (bf16 parameters in compute, fp32 gradient reduction, fp32 sharded "
-              "state: composer's get_mixed_precision), backward_prefetch BACKWARD_POST "
+              "DEFAULT (bf16 parameters in compute, fp32 gradient reduction from composer "
+              "0.16.4, fp32 sharded state: composer's get_mixed_precision), gradients "
+              "reduce-scattered after every micro-batch (no_sync is DDP's only: "
+              "Trainer._train_microbatch), backward_prefetch BACKWARD_POST "
               "(composer's default: dist_strategy.prepare_fsdp_module), attn_impl 'triton' "
-              "(FlashAttention in Triton: FlashAttention-2's rate over 1.3, the least of "
-              "Dao 2023's 1.3-2.5x)", backward_prefetch="post", attention_kernel="triton"),
+              "(Dao's flash_attn_triton.py for pre-MLIR Triton, 'slightly slower' than "
+              "FlashAttention-1: FlashAttention-2's rate over 1.7, the least of Dao 2023's "
+              "1.7-3.0x over FA1: project.ATTENTION_SLOWER)", backward_prefetch="post",
+              attention_kernel="triton", reduce_every_micro_batch=True),
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "

@@ -9,7 +9,9 @@ is half of it (the datasheets' own footnote). Where a figure is not in a vendor 
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
 so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
 keeps the fraction of its bf16 peak that matmuls sustain, from a published microbenchmark
-(``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges.
+(``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges; and the
+fraction of its GPU links' rate NCCL's collectives reach on them, measured with nccl-tests
+(``link_efficiency``, ``LINK_SOURCE``): the rate a collective inside a node is charged.
 
 ``labkit.plan.GPUCluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
 (``cluster.py``); this machine's own figures are measured (``labkit.plan.calibrate``) and form
@@ -75,6 +77,25 @@ H100_500W = 835.5 / 989.4
 # 2507.03114, abstract). ``project`` charges it on the compute a hidden collective overlaps.
 OVERLAP_SLOWDOWN = 0.189
 OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized): 18.9% mean"
+# What NCCL achieves over a node's GPU links, over their one-direction spec: nccl-tests' bus
+# bandwidth (busbw: the rate a ring's time model divides by, labkit.runtime.costs.ring_share)
+# and nvbandwidth's pairwise copy, at 16 GiB (Bekman, ml-engineering network/README.md,
+# sections 'NVLink', 'SHARP' and 'Intra-node networking'; read 2026-12-01):
+# * NVLink 4 (8x H200 on NVSwitch, the H100's fabric): ring all-reduce 367.2 (NVLS off),
+#   all-gather 361.4, reduce-scatter 362.9 GB/s of 450; a pairwise copy 396.4.
+# * NVLink 3 (8x A100): all-reduce 234.89 of 300. NVLink 5 (8x B200): ring all-reduce 682.2
+#   of 900. MI300X (8 GPUs, 7 links of 64 GB/s): all-reduce 312.9 of 448.
+# A kind a row does not list takes its ring all-reduce's fraction (the same ring: on NVLink 4
+# the three collectives land within 2%). NCCL's NVLS all-reduce (NVLink SHARP: 480 GB/s
+# busbw on 8 H200s) is not assumed: all-reduce only, over more than 4 GPUs of an NVSwitch
+# node, NCCL >= 2.17. The network between nodes is charged at its NICs' rate (no measurement
+# of a node's NICs under NCCL is published beside these).
+NVLINK4 = (("all_reduce", 367.2 / 450), ("all_gather", 361.4 / 450),
+           ("reduce_scatter", 362.9 / 450), ("send", 396.4 / 450))
+NVLINK3 = (("all_reduce", 234.89 / 300),)
+NVLINK5 = (("all_reduce", 682.2 / 900),)
+INFINITY_FABRIC = (("all_reduce", 312.912 / (7 * 64)),)
+LINK_SOURCE = "ml-engineering network/README.md (Bekman): nccl-tests busbw, nvbandwidth"
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,9 @@ class GPU:
     matmul_efficiency: float = MATMUL_UNMEASURED
     # FlashAttention-2's fraction of the bf16 peak (FA2_H100); None: the matmul rate
     flash_attention_efficiency: float | None = None
+    # ((collective kind, fraction of the GPU links' rate NCCL achieves), ...): LINK_SOURCE;
+    # empty: the datasheet rate
+    link_efficiency: tuple[tuple[str, float], ...] = ()
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -133,6 +157,14 @@ class GPU:
             return self.intra_node_bandwidth
         links = 1 if kind == "send" else min(max(group - 1, 1), self.peer_links)
         return links * self.intra_node_bandwidth
+
+    def achieved_bandwidth(self, group: int, kind: str) -> float:
+        """Bytes/s a ``kind`` collective over ``group`` GPUs of one node achieves: the links'
+        rate (``group_bandwidth``) times the fraction NCCL was measured to reach on them
+        (``link_efficiency``: the kind's, else the ring all-reduce's, else the whole rate)."""
+        measured = dict(self.link_efficiency)
+        return self.group_bandwidth(group, kind) * measured.get(kind,
+                                                                measured.get("all_reduce", 1.0))
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s of the matmuls of a run in ``precision`` ("fp32", "bf16", "mixed",
@@ -171,20 +203,23 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (40 GiB). SXM4. NVLink 600 GB/s both directions. DGX A100: 8 "
         "GPUs, 8x 200 Gb/s HDR IB "
-        "(25 GB/s per GPU). Matmuls: the A100 SXM sustained rate.",
-        matmul_efficiency=A100_SUSTAINED),
+        "(25 GB/s per GPU). Matmuls: the A100 SXM sustained rate. Links: NCCL's measured "
+        "all-reduce on NVLink 3 (NVLINK3).",
+        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3),
     GPU("A100-80GB", 81920 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB.",
-        matmul_efficiency=A100_SUSTAINED),
+        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3),
     GPU("H100", 81559 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
         "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
         "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU). Matmuls: "
-        "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100).",
-        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
+        "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100). "
+        "Links: NCCL's measured rates on NVLink 4 (NVLINK4).",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
+        link_efficiency=NVLINK4),
     GPU("H100-96GB", 96 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 2400 * GB, 8, 450 * GB, 50 * GB,
         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
         "The H100 SXM with 96 GB of HBM2e at 2.4 TB/s (Meta's Grand Teton, as torchtitan's "
@@ -194,13 +229,15 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "the SXM's sustained matmul and FlashAttention-2 rates scaled by NVL/SXM peak "
         "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published.",
         matmul_efficiency=H100_SUSTAINED * H100_500W,
-        flash_attention_efficiency=FA2_H100 * H100_500W),
+        flash_attention_efficiency=FA2_H100 * H100_500W, link_efficiency=NVLINK4),
     GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
         f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
         "SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
-        "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100.",
-        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100),
+        "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100. "
+        "Links: NVLINK4 (measured on 8 H200s).",
+        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
+        link_efficiency=NVLINK4),
     GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
         f"Memory: {SMI_PUBLIC} 183359 MiB on B200 (179.1 GiB). HGX B200 (1000 W): FP16/BF16 "
@@ -208,7 +245,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "sparsity (2.25 dense), FP32 80 TFLOPS, "
         "8 TB/s; DGX B200 lists 1440 GB for 8 GPUs (180 GB each; 192 GB is the chip). NVLink 5 "
         "1.8 TB/s both directions; 8x 400 Gb/s ConnectX-7. UNSURE: some pages quote 75 TFLOPS "
-        "fp32. Matmuls: the B200's sustained rate (MSMF).", matmul_efficiency=1455.7 / 2250),
+        "fp32. Matmuls: the B200's sustained rate (MSMF). Links: NVLINK5.",
+        matmul_efficiency=1455.7 / 2250, link_efficiency=NVLINK5),
     GPU("MI300X", 192 * GiB, 1307.4 * TFLOPS, 163.4 * TFLOPS, 5300 * GB, 8, 64 * GB, 50 * GB,
         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
         "192 GB read as 192 GiB (8 HBM3 stacks of 24 GiB). Dense BF16 1307.4 TFLOPS (2614.9 "
@@ -216,8 +254,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "each both directions (64 GB/s each way), one to each peer of the 8-GPU platform (no "
         "switch): a GPU reaches ONE peer at 64 GB/s and a collective over g GPUs uses g-1 "
         "links (all 8: 448 GB/s each way). 400 Gb/s per GPU is the usual platform network, "
-        "NOT in AMD's datasheet. Matmuls: MAMF (ROCm 6.2).", peer_links=7,
-        matmul_efficiency=781.9 / 1300),
+        "NOT in AMD's datasheet. Matmuls: MAMF (ROCm 6.2). Links: INFINITY_FABRIC (8 GPUs).",
+        peer_links=7, matmul_efficiency=781.9 / 1300, link_efficiency=INFINITY_FABRIC),
 )}
 
 

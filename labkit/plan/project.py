@@ -146,10 +146,15 @@ def project(model_config, layout: Layout | Parallelism, cluster: GPUCluster, glo
     return _time(model_config, layout, cluster, lever, costs)
 
 
-# A fused attention kernel's rate against FlashAttention-2's (the GPU row's published figure):
-# FlashAttention in Triton, as llm-foundry's attn_impl "triton", runs FA2's work 1.3-2.5x
-# slower (Dao 2023, 'FlashAttention-2', abstract and section 4.1, A100): the least is taken.
-ATTENTION_SLOWER = {"fa2": 1.0, "triton": 1.3}
+# A fused attention kernel's rate against FlashAttention-2's (the GPU row's published figure).
+# llm-foundry's attn_impl "triton" (llmfoundry/models/layers/flash_attn_triton.py, v0.3.0) is
+# Dao's flash_attn_triton.py for pre-MLIR Triton, whose docstring says "Overall Triton
+# forward + backward is slightly slower than CUDA forward + backward": FlashAttention-1's
+# CUDA kernel, which FlashAttention-2 outruns 1.7-3.0x (Dao 2023, 'FlashAttention-2',
+# section 4.1, A100; pre-MLIR Triton has no Hopper instructions, FA2 none either): the least
+# is taken. (The same section's 1.3-2.5x is over its "FlashAttention in Triton" baseline,
+# which it does not name as this kernel; the kernel's own docstring places it beside FA1.)
+ATTENTION_SLOWER = {"fa2": 1.0, "triton": 1.7}
 
 
 def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts) -> float:

@@ -27,7 +27,8 @@ ASSUMPTIONS = (
     "memory bandwidth",
     "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
     "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
-    "uses the GPU links, a group across nodes the network",
+    "uses the GPU links at the rate NCCL was measured to reach on them (nccl-tests busbw: "
+    "80-82% of NVLink 4, 78% of NVLink 3), a group across nodes the network at its NICs' rate",
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
     "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
     "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",

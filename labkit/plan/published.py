@@ -11,6 +11,7 @@ documentation named (read 2026-12-01).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from labkit.models import LLAMA3_8B, GPTConfig
@@ -174,18 +175,28 @@ def _foundry() -> list[Run]:
     runs = []
     for name, d, heads, layers, gpus, mbs, accumulation, ckpt, tps in rows:
         runs.append(Run(
-            f"mpt_{name}_{gpus}gpu", FOUNDRY, gpt(d, heads, layers, vocab=50368),
+            f"mpt_{name}_{gpus}gpu", FOUNDRY,
+            dataclasses.replace(gpt(d, heads, layers, vocab=50368), tie_embeddings=True),
             Parallelism.of(fsdp=gpus, dp_kind="fsdp"), "H100", mbs * accumulation * gpus,
             accumulation, TOKENS, tps,
             dict(activation_checkpointing=ckpt, flash_attention=True, framework="composer"),
-            ("MPT blocks as GPT blocks (4 d expansion, LayerNorm; MPT has no biases, ALiBi "
-             "and a tied head: the table's parameter counts are within 3%)",
-             "sequence 2,048; the table's micro-batch and accumulation",
+            ("MPT blocks as labkit's GPT blocks with a tied head: MPTConfig's defaults in "
+             "llm-foundry v0.3.0 (the runs' code) keep biases (no_bias False), LayerNorm and "
+             "learned positions (alibi False), and the yamls do not change them: the "
+             "parameters equal the table's NumParams exactly",
+             "sequence 2,048; the table's micro-batch and accumulation (sweep.sh), no dropout "
+             "(MPTConfig's pdrops are 0)",
              "Composer's FSDP FULL_SHARD with DEFAULT mixed precision: bf16 parameters "
-             "gathered, fp32 reduction, fp32 sharded state (frameworks.py 'composer')",
-             "the table's runs: torch 2.1, CUDA 12.1, attn_impl 'triton' (sweep.sh and "
-             "submit_benchmarks.py of llm-foundry b2a43a1, 2023-10), low-precision LayerNorm; "
-             "activation checkpointing as the table's column")))
+             "gathered, fp32 sharded state, gradients reduce-scattered after every "
+             "micro-batch (frameworks.py 'composer')",
+             "UNSURE: the reduction's dtype. llm-foundry v0.3.0 takes composer >=0.16.3,<0.17; "
+             "composer 0.16.3 (2023-09-26) reduces in bf16 (reduce_dtype None), 0.16.4 "
+             "(2023-10-11) in fp32, and the runs' date is not published (the table landed "
+             "2023-10-19): taken as fp32",
+             "the table's runs: torch 2.1, CUDA 12.1 (sweep.sh's image), llm-foundry v0.3.0 "
+             "(submit_benchmarks.py's git_branch), attn_impl 'triton' and low-precision "
+             "LayerNorm (submit_benchmarks.py), of llm-foundry b2a43a1, 2023-10; activation "
+             "checkpointing as the table's column")))
     return runs
 
 

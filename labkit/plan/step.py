@@ -12,8 +12,8 @@ scales them by the layout, each rule in one place:
   sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
   activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
   the parameters in forward and again in backward per micro-batch, a reduce-scatter of the
-  gradients; pp: a send of the activations forward and of their gradient backward per
-  micro-batch.
+  gradients (once a step, or after every micro-batch where the framework reduces so); pp: a
+  send of the activations forward and of their gradient backward per micro-batch.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from labkit.models import build_model, plan_for
 from labkit.plan.counts import block_counts, is_decoder, sample_counts
 from labkit.plan.cp_ep import cp_ep_comm
+from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, StepCosts, compute_bytes
 from labkit.plan.memory_model import _zero_stage, decoder_memory, local_params
 from labkit.plan.parallelism import Parallelism
@@ -147,9 +148,11 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
         units = _units(model_config, layout)
         blocks = _block_share(model_config, layout, local_params)
         gathered = (local_params + blocks) * compute_bytes(lever.precision)
+        # reduced once a step (no_sync over the micro-batches), or after every micro-batch
+        reductions = m if framework(lever.framework).reduce_every_micro_batch else 1
         if layout.fsdp > 1:
             out[("fsdp", "all_gather")] = ((2 * units - 1) * m, m * gathered)
-            out[("fsdp", "reduce_scatter")] = (units, grads)
+            out[("fsdp", "reduce_scatter")] = (units * reductions, grads * reductions)
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
     elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
@@ -183,8 +186,6 @@ def _tp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tu
 def _pp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tuple[int, float]:
     """(sends, bytes) of a pipeline rank's p2p in a step: activations forward, their
     gradients backward, ``tokens`` (a micro-batch's) wide rows each."""
-    from labkit.plan.frameworks import framework
-
     m = lever.micro_batches
     act = compute_bytes(lever.precision)
     width = getattr(model_config, "d_model", 0) or model_config.d_hidden
@@ -202,8 +203,6 @@ def gradient_buckets(grad_bytes: float, params: float, dp: int,
                      framework_name: str = "labkit") -> int:
     """Collectives a step's gradient reduction issues, as the framework buckets it
     (``labkit.plan.frameworks``): torch DDP's via ``ddp_buckets``."""
-    from labkit.plan.frameworks import framework
-
     if framework_name == "labkit":
         return ddp_buckets(grad_bytes)
     bucket = framework(framework_name).bucket_bytes(params, dp, grad_bytes)

@@ -1,0 +1,52 @@
+"""What the planner charges beside the matmuls, figure by figure: the rate NCCL reaches on a
+node's GPU links (nccl-tests busbw), when a framework reduces FSDP's gradients, and the
+published runs' rebuilt shapes against their published parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+
+import labkit.plan as plan
+from labkit.models import GPTConfig
+from labkit.plan.hardware import GPUS
+from labkit.plan.parallelism import Parallelism
+
+SMALL = GPTConfig(vocab_size=32000, seq_len=1024, d_model=1024, n_heads=8, n_layers=4)
+
+
+def test_in_node_collectives_run_at_nccls_measured_bus_bandwidth():
+    # Bekman's nccl-tests on 8 H200s (NVLink 4): ring all-gather 361.4 GB/s, reduce-scatter
+    # 362.9, all-reduce 367.2, a pairwise copy 396.4; on 8 A100s (NVLink 3) all-reduce 234.89
+    h100, a100 = GPUS["H100"], GPUS["A100-80GB"]
+    assert h100.achieved_bandwidth(8, "all_gather") == pytest.approx(361.4e9)
+    assert h100.achieved_bandwidth(8, "reduce_scatter") == pytest.approx(362.9e9)
+    assert h100.achieved_bandwidth(8, "all_reduce") == pytest.approx(367.2e9)
+    assert h100.achieved_bandwidth(2, "send") == pytest.approx(396.4e9)
+    # a kind a row has no measurement of takes its ring all-reduce's fraction
+    assert a100.achieved_bandwidth(2, "send") == pytest.approx(234.89e9)
+    assert GPUS["L4"].achieved_bandwidth(8, "all_reduce") == GPUS["L4"].group_bandwidth(
+        8, "all_reduce")  # no measurement: the datasheet's rate
+    node = plan.GPUCluster("H100")
+    assert node.link(False, 8, "all_gather")[1] == pytest.approx(361.4e9)
+    two = plan.GPUCluster("H100", nodes=2)
+    assert two.link(True, 16, "all_gather")[1] == pytest.approx(50e9)  # the NICs' rate
+
+
+def test_composer_reduce_scatters_after_every_micro_batch_labkit_once():
+    layout, node = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.GPUCluster("H100")
+    kw = dict(global_batch=64, micro_batches=4, flash_attention=True)
+    once = plan.project(SMALL, layout, node, framework="labkit", **kw)
+    every = plan.project(SMALL, layout, node, framework="composer", **kw)
+    calls, nbytes = once.costs.comm[("fsdp", "reduce_scatter")]
+    assert calls == SMALL.n_layers + 1  # each block and the root, once a step
+    assert every.costs.comm[("fsdp", "reduce_scatter")] == (4 * calls, pytest.approx(4 * nbytes))
+    assert every.costs.comm[("fsdp", "all_gather")] == once.costs.comm[("fsdp", "all_gather")]
+
+
+def test_mpt_rebuilds_hold_the_published_parameter_counts():
+    # llm-foundry's table: NumParams of MPT 1B and 7B (biases, learned positions, tied head)
+    from labkit.plan.counts import sample_counts
+    from labkit.plan.published import run
+
+    for name, published in (("mpt_1b_8gpu", 1315950592), ("mpt_7b_8gpu", 6658859008)):
+        assert sample_counts(run(name).model).params == published, name
