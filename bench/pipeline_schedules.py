@@ -1,7 +1,7 @@
 """Benchmark: the hand-written pipeline schedules' bubble against torch's, on the same ranks.
 
     python bench/pipeline_schedules.py          # m = 1, 4, 8 on 2 stages, 5 rounds
-    python bench/pipeline_schedules.py --quick  # m = 1 and 4, 3 rounds: about two minutes
+    python bench/pipeline_schedules.py --quick  # m = 1 and 4, 3 rounds: about a minute
 
 Each pair trains the same run twice, labkit's hand-written schedule
 (``labkit/parallel/pipeline/naive.py``) and torch.distributed.pipelining's
@@ -51,7 +51,7 @@ def _rounds(cluster, pairs, rounds: int, steps: int) -> dict[tuple, dict[str, li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="m = 1 and 4, 3 rounds: about two minutes")
+                        help="m = 1 and 4, 3 rounds: about a minute")
     args = parser.parse_args()
     rounds, steps = (3, 5) if args.quick else (5, 6)
     pairs = [p for p in PAIRS if p[0] <= 4] if args.quick else PAIRS
