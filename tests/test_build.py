@@ -16,7 +16,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model
-from labkit.parallel.pipeline.naive import recv_tensor, send_tensor
+from labkit.parallel.pipeline.p2p import recv_tensor, send_tensor
 from labkit.training.build import host_shard, parallel_context
 from labkit.training.layout import Layout
 from labkit.training.layout.mesh import mesh_for

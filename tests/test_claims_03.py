@@ -99,3 +99,45 @@ def test_the_lessons_run_is_written_as_a_script_for_torchrun(nb):
     for call in ("init_device_mesh(", "PipelineStage(", "Schedule1F1B("):
         assert call in text, call
     assert f"MICRO_BATCHES = {results['micro_batches']}" in text
+
+
+def test_the_hand_written_1f1b_trains_beside_schedule_1f1b_with_equal_losses(nb):
+    """"1F1B by hand": the same losses as torch's Schedule1F1B, printed as equal; "its chart
+    has the same shape as torch's"; "p - s - 1 forwards to fill the pipeline ... at most
+    p - s of them"."""
+    results = nb.results
+    assert results["hand_1f1b_losses"] == results["losses"]["1f1b"]
+    [index] = nb.cells_with('schedule="naive_1f1b"')
+    assert "equal: True" in _text(nb.cell(index))
+    orders, p, m = results["orders"], results["stages"], results["micro_batches"]
+    assert orders["hand_1f1b"] == orders["1f1b"]
+    for s, order in enumerate(orders["hand_1f1b"]):
+        kinds = [kind for kind, _ in order]
+        assert kinds.index("B") == min(m, p - s)  # p - s - 1 warm-up forwards, then 1F1B
+        held = [kinds[:i + 1].count("F") - kinds[:i + 1].count("B") for i in range(len(kinds))]
+        assert max(held) == min(m, p - s)
+
+
+def test_show_source_shows_the_functions_that_train(nb):
+    """The code shown is labkit's own source of the schedule that naive_1f1b runs, with no
+    timing in it (the timeline wraps the stage from outside)."""
+    import inspect
+
+    from labkit.parallel.pipeline import naive, schedule
+
+    assert schedule.HAND_WRITTEN["naive_1f1b"] is naive.one_f_one_b
+    [index] = nb.cells_with("show_source(")
+    shown = _text(nb.cell(index))
+    for function in (naive.one_f_one_b, naive.forward_step, naive.backward_step):
+        assert inspect.getsource(function).strip() in shown, function.__name__
+    for instrument in ("clock", "timeline", "record(", "mark("):
+        assert instrument not in shown, instrument
+
+
+def _text(cell) -> str:
+    """What a code cell showed: its printed text and its displayed text."""
+    parts = []
+    for output in cell.outputs:
+        parts.append(output.get("text", ""))
+        parts.append(output.get("data", {}).get("text/plain", ""))
+    return "".join(parts)

@@ -53,6 +53,13 @@ COMBINATIONS = {
                       {"dp": {"all_reduce"}, "tp": {"all_reduce"}}),
     "naive_dp2_pp2": (MLP, dict(layout=Layout(dp=2, pp=2), dp_kind="naive", schedule="gpipe"), 2,
                       {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
+    # the hand-written schedules over FSDP2's replicate (reduced at the last micro-batch)
+    # and beside the hand-written AllReduce
+    "dp2_pp2_naive_1f1b": (MLP, dict(layout=Layout(dp=2, pp=2), schedule="naive_1f1b"), 2,
+                           {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
+    "naive_dp2_pp2_naive_gpipe": (MLP, dict(layout=Layout(dp=2, pp=2), dp_kind="naive",
+                                            schedule="naive_gpipe"), 2,
+                                  {"pp": {"send", "recv"}, "dp": {"all_reduce"}}),
     "tables_dp2_fsdp2": (DLRM, dict(layout=Layout(dp=2, fsdp=2), tables="table_wise"), 1,
                          {"fsdp": {"all_gather", "all_to_all", "all_reduce"},
                           "dp": {"all_reduce"}}),

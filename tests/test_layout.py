@@ -21,7 +21,7 @@ def _config(model=None, **fields):
 
 @pytest.mark.parametrize("fields, message", [
     ({"dp": 0}, "at least 1"), ({"tp": 1.5}, "whole number"), ({"pp": True}, "whole number"),
-    ({"schedule": "zero_bubble"}, "choose one of naive, gpipe"),
+    ({"schedule": "zero_bubble"}, "choose one of naive, naive_gpipe, naive_1f1b, gpipe"),
     ({"dp_kind": "ddp2"}, "choose one of ddp"), ({"tables": "column_wise"}, "table_wise"),
     ({"fsdp": 2, "dp_kind": "ddp"}, "replicates the model"),
     ({"dp": 2, "dp_kind": "fsdp"}, "write fsdp=2"),

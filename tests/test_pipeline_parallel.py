@@ -1,15 +1,22 @@
-"""Pipeline parallelism: stages, schedules (hand-written, GPipe, 1F1B), timelines, bubbles."""
+"""Pipeline parallelism: stages, schedules (GPipe and 1F1B, hand-written and torch's),
+timelines, bubbles. The hand-written schedules' bubble beside torch's is measured in
+``bench/pipeline_schedules.py`` (too noisy for a test on two shared cores)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
 import labkit
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, build_model, plan_for
+from labkit.parallel.pipeline import naive, p2p
 from labkit.parallel.pipeline.stages import split_stages, stage_module
 from labkit.parallel.pipeline.timeline import bubble_fraction, theoretical_bubble
+from labkit.parallel.pipeline.trace import _order as torch_order
+from labkit.training.engines import SAME_ORDER
+from labkit.training.layout import Layout
 from labkit.training.run import resolve
 from tests.conftest import descendants
 
@@ -48,6 +55,69 @@ def test_pipeline_training_equals_one_device(one, two, model, schedule, micro_ba
     reference = labkit.train(one, config, estimate=False)
     report = labkit.train(two, config, strategy=schedule, micro_batches=micro_batches)
     assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+
+
+def _orders(report) -> list[list[tuple[str, int]]]:
+    """Per stage, its last step's forwards and backwards in the order they ran."""
+    return [[(e["kind"], e["microbatch"]) for e in rank["records"][-1]["timeline"]]
+            for rank in report.ranks]
+
+
+@pytest.mark.parametrize("model", [MLPConfig(n_layers=4), GPTConfig(n_layers=2)],
+                         ids=lambda c: c.name)
+def test_hand_written_schedules_train_as_torchs(one, two, model):
+    """naive_gpipe and naive_1f1b against ScheduleGPipe and Schedule1F1B: the same
+    arithmetic in the same order, so equal losses (not merely close), and one device's."""
+    single = labkit.TrainConfig(model=model, global_batch=16, steps=3, lr=0.05,
+                                optimizer="sgd")
+    reference = labkit.train(one, single, estimate=False)
+    config = single.replace(layout=Layout(pp=2), micro_batches=4)
+    for hand in ("naive_gpipe", "naive_1f1b"):
+        mine = labkit.train(two, config, schedule=hand)
+        theirs = labkit.train(two, config, schedule=SAME_ORDER[hand])
+        assert mine.losses == theirs.losses, hand
+        assert mine.losses == pytest.approx(reference.losses, rel=1e-5), hand
+        assert _orders(mine) == _orders(theirs), hand
+        assert mine.config.label == f"pp2 ({hand})"
+
+
+def test_the_hand_written_pipeline_is_the_algorithm_alone():
+    """The timeline wraps the stage from outside (``StageTimeline.instrument``): the teaching
+    files hold no clock, no timeline and no record of their own."""
+    for module in (naive, p2p):
+        source = inspect.getsource(module)
+        for word in ("clock", "timeline", "record(", "mark(", "perf_counter"):
+            assert word not in source, (module.__name__, word)
+
+
+def _in_flight_peak(order: list[tuple[str, int]]) -> int:
+    """The most micro-batches forwarded and not yet backwarded at once: whose activations
+    the stage holds."""
+    held = peak = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def test_hand_written_1f1b_warms_up_then_alternates_on_four_stages(four):
+    """Stage s of p runs p - s - 1 warm-up forwards, then one forward and one backward in
+    turn, then the backwards left: it holds p - s micro-batches at most, GPipe all m."""
+    m, p = 6, 4
+    config = labkit.TrainConfig(model=MLPConfig(n_layers=4), global_batch=24, steps=2,
+                                optimizer="sgd", micro_batches=m, layout=Layout(pp=p))
+    one_f_one_b = _orders(labkit.train(four, config, schedule="naive_1f1b"))
+    gpipe = _orders(labkit.train(four, config, schedule="naive_gpipe"))
+    for s, order in enumerate(one_f_one_b):
+        warmup = p - s - 1
+        steady = [x for i in range(m - warmup) for x in (("F", warmup + i), ("B", i))]
+        assert order == ([("F", i) for i in range(warmup)] + steady
+                         + [("B", i) for i in range(m - warmup, m)]), s
+        # as Schedule1F1B runs it (the order the estimator replays: (stage, kind, mb))
+        assert order == [(kind, mb) for _, kind, mb in torch_order(None, "1f1b", s, p, m)]
+        assert _in_flight_peak(order) == p - s
+        assert gpipe[s] == [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        assert _in_flight_peak(gpipe[s]) == m
 
 
 def test_interleaved_1f1b_runs_two_stages_per_rank(two):
@@ -128,6 +198,8 @@ def test_bad_pipelines_fail_before_any_run(two):
         labkit.train(two, model="mlp", strategy="1f1b", micro_batches=1)
     with pytest.raises(ValueError, match="one whole batch"):
         labkit.train(two, model="mlp", strategy="naive_pipeline", micro_batches=2)
+    with pytest.raises(ValueError, match="choose one of naive, naive_gpipe, naive_1f1b"):
+        labkit.train(two, model="mlp", layout=Layout(pp=2), schedule="hand_1f1b")
     with pytest.raises(ValueError, match="chain of layers"):
         labkit.train(two, model=DLRMConfig(), strategy="gpipe", micro_batches=2)
     # More stages than layers with weights: refused here, not on the ranks (issue 11).

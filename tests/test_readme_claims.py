@@ -95,7 +95,7 @@ def test_quick_launch_bench_stays_within_the_machine():
 
 @pytest.mark.parametrize("bench", ["launch", "memory", "sharding", "data_parallel",
                                    "model_parallel", "composed", "levers", "long_context",
-                                   "comm_model"])
+                                   "comm_model", "pipeline_schedules"])
 def test_bench_docstring_and_help_say_the_same_of_quick(bench):
     """The docstring's "--quick  # ..." comment and --quick's help text (read from the
     source: importing every bench would cost a minute)."""

@@ -179,7 +179,9 @@ REFUSED = {
     "experts": (("--model", "moe_gpt", "--layout", "dp=2,ep=2"), "all-to-all"),
     "cp": (("--model", "gpt", "--layout", "cp=2"), "context_parallel runs on CUDA only"),
     "naive_pipeline": (("--strategy", "naive_pipeline", "--world-size", "2"),
-                       "choose the 'gpipe' schedule"),
+                       "choose schedule='gpipe'"),
+    "naive_1f1b": (("--layout", "pp=2,schedule=naive_1f1b", "--micro-batches", "2"),
+                   "choose schedule='1f1b'"),
     "checkpoints": (("--strategy", "ddp", "--world-size", "2", "--checkpoint-dir", "ckpt"),
                     "saves no checkpoint"),
 }

@@ -114,7 +114,7 @@ def decoder_memory(model_config, layout: Parallelism, lever: Lever, measured: bo
         per_sample = (in_blocks + rest) * _in_flight(layout, lever) + recompute
     else:  # the first stage holds the most micro-batches, the last the head's logits
         first = in_blocks * _in_flight(layout, lever)
-        last = in_blocks * (lever.micro_batches if layout.pipeline_schedule == "gpipe" else 1)
+        last = in_blocks * (lever.micro_batches if layout.engines.schedule_order == "gpipe" else 1)
         per_sample = max(first, last + rest) + recompute
     activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
     other = 0.0
@@ -138,10 +138,10 @@ def _pipeline_ends(model_config, rest: float) -> float:
 
 def _in_flight(layout: Parallelism, lever: Lever) -> int:
     """Micro-batches whose activations a stage holds at once (the first stage's)."""
-    schedule = layout.pipeline_schedule
+    schedule = layout.engines.schedule_order  # the hand-written ones as torch's
     if schedule is None:
         return 1
-    if schedule in ("gpipe", "naive"):
+    if schedule == "gpipe":
         return lever.micro_batches
     return min(layout.pp, lever.micro_batches)
 

@@ -6,9 +6,11 @@
 A ``Layout`` says how many ways each dimension splits (``labkit/training/layout``); these
 say how the split runs. Each is a ``TrainConfig`` field, None for the default:
 
-* ``schedule``: the pipeline schedule, "naive" (hand-written, one batch at a time),
-  "gpipe", "1f1b", "interleaved_1f1b" (two stages per rank). Default: "1f1b" when pp > 1,
-  no pipeline otherwise. Given with pp=1, a one-stage pipeline runs.
+* ``schedule``: the pipeline schedule: torch.distributed.pipelining's "gpipe", "1f1b",
+  "interleaved_1f1b" (two stages per rank), or labkit's hand-written ones over send/recv,
+  for reading (``labkit/parallel/pipeline/naive.py``): "naive_gpipe", "naive_1f1b", and
+  "naive" (one batch at a time, no micro-batches). Default: "1f1b" when pp > 1, no pipeline
+  otherwise. Given with pp=1, a one-stage pipeline runs.
 * ``dp_kind``: how the data-parallel dimensions run: "ddp" (PyTorch's DDP; its FSDP2-based
   ``replicate`` when the replica is itself split by tp or pp), "naive" (hand-written
   AllReduce, for reading), "zero1" (DDP with the optimizer state sharded over dp), "fsdp"
@@ -30,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("naive", "naive_gpipe", "naive_1f1b", "gpipe", "1f1b", "interleaved_1f1b")
+# each hand-written schedule, and torch's that runs forwards and backwards in its order
+SAME_ORDER = {"naive": "gpipe", "naive_gpipe": "gpipe", "naive_1f1b": "1f1b"}
 DP_KINDS = ("ddp", "naive", "zero1", "fsdp")
 TABLES = ("table_wise", "row_wise", "row_wise_dtensor")
 DEFAULT_SCHEDULE = "1f1b"  # torchtitan's and Megatron-LM's default
@@ -57,6 +61,12 @@ class Engines:
     @property
     def pipelined(self) -> bool:
         return self.schedule is not None
+
+    @property
+    def schedule_order(self) -> str | None:
+        """The order the schedule runs forwards and backwards in, as the torch schedule that
+        runs it: "gpipe", "1f1b", "interleaved_1f1b", or None without a pipeline."""
+        return SAME_ORDER.get(self.schedule, self.schedule)
 
     @property
     def stages_per_rank(self) -> int:

@@ -157,7 +157,8 @@ def _check_pipeline(config, stages: int, schedule: str) -> None:
     micro = config.micro_batches
     if schedule == "naive" and micro != 1:
         raise ValueError("the naive pipeline sends one whole batch at a time: use "
-                         "micro_batches=1, or the 'gpipe' / '1f1b' schedules")
+                         "micro_batches=1, or the 'naive_gpipe' / 'naive_1f1b' schedules "
+                         "(hand-written too) or torch's 'gpipe' / '1f1b'")
     if schedule == "1f1b" and micro < stages:
         raise ValueError(f"1F1B needs at least as many micro-batches as stages ({stages}); "
                          f"got {micro}")

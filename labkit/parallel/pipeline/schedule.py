@@ -1,14 +1,20 @@
 """A rank's pipeline: its stages, the schedule that drives them, and one step of it.
 
-"naive" is the hand-written pipeline (``naive.py``); "gpipe", "1f1b" and "interleaved_1f1b"
-are torch.distributed.pipelining's schedules over micro-batches. Interleaved 1F1B (Narayanan
+"naive_gpipe" and "naive_1f1b" are the hand-written schedules (``naive.py``; "naive" is the
+hand-written GPipe with one micro-batch); "gpipe", "1f1b" and "interleaved_1f1b" are
+torch.distributed.pipelining's, over the same micro-batches. Interleaved 1F1B (Narayanan
 et al., 2021) gives each rank two stages that are not neighbours (rank r holds stages r and
 r + p of 2p): with smaller stages the pipeline fills sooner, and the bubble shrinks to
 (p-1)/(v m + p-1) for v stages per rank.
 
 A stage may itself be split: its module may be tensor parallel and wrapped by a data-parallel
 engine (FSDP2's ``fully_shard`` or ``replicate``, which torch's stages know how to drive: they
-hold gradient reduction back until a step's last micro-batch).
+hold gradient reduction back until a step's last micro-batch; the hand-written stages do the
+same).
+
+The timeline records each stage's forward and backward chunks from outside the schedule:
+``StageTimeline.instrument`` wraps the stage's ``forward_one_chunk`` and
+``backward_one_chunk``, torch's stages and the hand-written ones alike.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from labkit.parallel.pipeline.naive import NaivePipeline
+from labkit.parallel.pipeline.naive import SCHEDULES as HAND_WRITTEN
+from labkit.parallel.pipeline.naive import HandStage
+from labkit.parallel.pipeline.p2p import StageLinks
 from labkit.parallel.pipeline.timeline import StageTimeline
 
 _SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -44,10 +52,12 @@ class PipelineRunner:
                  pp_size: int, group, device: torch.device, micro_batches: int, loss_fn,
                  schedule: str, clock):
         self.first, self.last = pp_rank == 0, pp_rank == pp_size - 1
-        self.timeline = StageTimeline(clock)
-        if schedule == "naive":
-            self.schedule = NaivePipeline(modules[0], pp_rank, pp_size, device, loss_fn,
-                                          self.timeline, group)
+        self.micro_batches, self.timeline = micro_batches, StageTimeline(clock)
+        self.hand_written = HAND_WRITTEN.get(schedule)
+        if self.hand_written is not None:
+            self.stage = HandStage(modules[0], stage_ids[0], num_stages, micro_batches, loss_fn)
+            self.links = StageLinks(pp_rank, pp_size, group, device)
+            self.timeline.instrument(self.stage)
             return
         stages = [PipelineStage(module, index, num_stages, device, group=group)
                   for module, index in zip(modules, stage_ids, strict=True)]
@@ -60,6 +70,11 @@ class PipelineRunner:
 
     def run(self, inputs, targets) -> list[torch.Tensor]:
         """One pass of every micro-batch; the losses (on the last stage) of each."""
+        if self.hand_written is not None:  # split as torch's schedules split: tensor_split
+            m = self.micro_batches
+            return self.hand_written(
+                self.stage, self.links, inputs.tensor_split(m) if self.first else None,
+                targets.tensor_split(m) if self.last else None)
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.last else {}
         if self.first:

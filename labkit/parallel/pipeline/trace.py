@@ -13,6 +13,9 @@ torch's stages hold:
   their concatenation at the end of the step (what ``step()`` returns);
 * FSDP2's unsharded gradients until the stage's last backward, where they are reduced (the
   stage holds gradient reduction back, as ``perform_reduce_grad`` does).
+
+The hand-written schedules (``naive.py``) run torch's orders and hold the same, except that
+they receive into fresh tensors and keep no outputs past the step.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def _order(runner, schedule: str, stage: int, num_stages: int,
     single-stage schedules do in ``_step_microbatches`` (GPipe: every forward, then every
     backward; 1F1B: num_stages - stage forwards, then one backward and one forward in turn),
     and as the interleaved schedule's own table says (``pipeline_order``, what it executes).
-    The hand-written pipeline runs one batch: forward, then backward."""
+    ``schedule`` is the order's name (``Engines.schedule_order``): the hand-written
+    schedules run torch's orders."""
     m = micro_batches
     if schedule == "interleaved_1f1b":
         table = runner.schedule.pipeline_order[runner.schedule.rank]
@@ -79,7 +83,7 @@ class PipelineTrace:
     ``labkit.training.run.Run``) stepped on fake tensors."""
 
     def __init__(self, built, run, pp_rank: int, ids: list[int]):
-        config, layout, schedule = run.config, run.layout, run.engines.schedule
+        config, layout, schedule = run.config, run.layout, run.engines.schedule_order
         self.micro_batches = config.micro_batches
         self.num_stages = run.stages
         self.loss_fn = loss_fn(config.model)
@@ -88,7 +92,9 @@ class PipelineTrace:
         self.modules = dict(zip(ids, built.modules, strict=True))
         self.last_backward = {s: max(mb for t, kind, mb in self.order if t == s and kind == "B")
                               for s in ids}
-        self.persistent = schedule != "naive"
+        # torch's stages keep their receive buffers and the last stage's outputs; the
+        # hand-written ones receive into fresh tensors and keep nothing past the step
+        self.persistent = run.engines.schedule == schedule
         self.shapes = stage_inputs(config, self.num_stages,
                                    config.global_batch // layout.data_size // self.micro_batches,
                                    layout.tp)
@@ -136,7 +142,8 @@ class PipelineTrace:
             loss = None
             if stage == self.num_stages - 1:
                 loss = self.loss_fn(out, target_chunks[mb])
-                self._outputs.append(out)
+                if self.persistent:
+                    self._outputs.append(out)
             cache[(stage, mb)] = (out, x, loss)
         if self._outputs:  # what step() returns on the last stage: the merged outputs
             merged = torch.cat([o.detach() for o in self._outputs])

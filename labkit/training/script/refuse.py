@@ -3,6 +3,8 @@ run instead. Checked before a line is written."""
 
 from __future__ import annotations
 
+from labkit.training.engines import SAME_ORDER
+
 
 class ScriptRefused(ValueError):
     """labkit trains this run, but no standalone script is written for it (the message says
@@ -25,10 +27,11 @@ def refusal(run) -> str | None:
         return (f"cp={layout.cp}: on CPU ranks labkit runs its hand-written ring attention "
                 "(labkit/parallel/context), and PyTorch's context_parallel runs on CUDA only, "
                 "so no torch-only script gives labkit's losses on both: use cp=1")
-    if engines.schedule == "naive":
-        return ("the naive pipeline is labkit's hand-written one, for reading "
-                "(labkit/parallel/pipeline/naive.py): choose the 'gpipe' schedule, which "
-                "torch.distributed.pipelining runs")
+    if engines.schedule in SAME_ORDER:
+        return (f"the {engines.schedule!r} schedule is labkit's hand-written pipeline, for "
+                f"reading (labkit/parallel/pipeline/naive.py): choose "
+                f"schedule={engines.schedule_order!r}, which torch.distributed.pipelining runs "
+                f"in the same order")
     if config.checkpoint_dir is not None:
         return ("a script trains from its first step to its last and saves no checkpoint: "
                 "leave out checkpoint_dir (--checkpoint-dir); lesson 10 shows "
