@@ -37,14 +37,15 @@ def test_same_seed_same_weights_and_data(config):
     assert not torch.equal(make_batch(config, step=6, batch_size=4)[1], y1)
 
 
-@pytest.mark.parametrize("config, lr", [(MLPConfig(), 1e-2), (GPTConfig(), 3e-3),
-                                        (DLRMConfig(), 1e-2)], ids=["mlp", "gpt", "dlrm"])
-def test_hidden_teacher_data_is_learnable(config, lr):
+@pytest.mark.parametrize("config, lr, batch", [(MLPConfig(), 1e-2, 64), (GPTConfig(), 3e-3, 8),
+                                               (DLRMConfig(), 1e-2, 64)],
+                         ids=["mlp", "gpt", "dlrm"])
+def test_hidden_teacher_data_is_learnable(config, lr, batch):  # 8 sequences: 1,024 tokens
     model = build_model(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     for step in range(40):
-        inputs, targets = make_batch(config, step, 64)
+        inputs, targets = make_batch(config, step, batch)
         loss = loss_fn(config)(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
