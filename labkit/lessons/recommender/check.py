@@ -3,18 +3,23 @@
 The learner writes ``place_tables(table_bytes, world_size, capacity_bytes)`` returning, for
 each rank, the list of tables (indices) it holds whole; ``table_bytes`` is each table's cost
 in training (weights, gradients and Adam's two moments). The check calls it on every rank for
-a few sets of tables, then each rank really holds what it was given: it allocates the training
-state of its tables under the cap, with the suite's memory tracker, so a placement that does
-not fit raises ``DeviceOOM`` on that rank, as a GPU would. The suite's planner
+a few fixed sets of tables and one drawn for each run (so no table of answers passes), then
+each rank really holds what it was given: it allocates the training state of its tables under
+the cap, with the suite's memory tracker, so a placement that does not fit raises
+``DeviceOOM`` on that rank, as a GPU would. The ranks return the placements and what they
+held; the check, in its own process, judges each placement and adds up the bytes each rank's
+tables need (what the rank measured is its word, beside it). The suite's planner
 (``labkit.parallel.embedding.plan_tables``) gives its verdict on each set beside it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 
+from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
 from labkit.parallel.embedding.placement import PlacementError, plan_tables
@@ -36,6 +41,16 @@ def cases(world_size: int) -> list[tuple[list[int], int]]:
             ([UNIT] * (2 * half) + [2 * UNIT] * (n - half), 2 * UNIT)]
 
 
+def drawn_case(seed: int, world_size: int) -> tuple[list[int], int]:
+    """A set of tables from ``seed`` (n+1 to 3n tables of 1 to 4 units) and a cap that any
+    placement of each table onto the least-loaded rank meets: the mean load plus the
+    largest table (Graham's bound for greedy list scheduling)."""
+    pick = random.Random(seed)
+    tables = [UNIT * pick.randint(1, 4) for _ in range(pick.randint(world_size + 1,
+                                                                     3 * world_size))]
+    return tables, math.ceil(sum(tables) / world_size / 16) * 16 + max(tables)
+
+
 def _hold(ctx, tables: list[int], table_bytes: list[int], capacity: int) -> int:
     """Allocate this rank's tables' training state (4 tensors each) under ``capacity``."""
     tracker = ctx.memory
@@ -54,9 +69,9 @@ def _hold(ctx, tables: list[int], table_bytes: list[int], capacity: int) -> int:
             del held
 
 
-def _job(ctx, fn) -> list[dict]:
+def _job(ctx, fn, sets) -> list[dict]:
     out = []
-    for table_bytes, capacity in cases(ctx.world_size):
+    for table_bytes, capacity in sets:
         placement = fn(list(table_bytes), ctx.world_size, capacity)
         entry = {"placement": placement, "held": None, "oom": None}
         try:
@@ -98,13 +113,25 @@ def place_tables(cluster, fn, timeout: float | None = None) -> CheckResult:
     return at_two_sizes(cluster, lambda: _check(cluster, fn, timeout))
 
 
+def _well_formed(rank_sets, count: int) -> bool:
+    """Whether a rank's report has the shape ``_job`` gives it (a rank's code may change it)."""
+    return isinstance(rank_sets, list) and len(rank_sets) == count and all(
+        isinstance(e, dict) and {"placement", "held", "oom"} <= set(e)
+        and (e["held"] is None or isinstance(e["held"], int))
+        and (e["oom"] is None or isinstance(e["oom"], dict)) for e in rank_sets)
+
+
 def _check(cluster, fn, timeout: float | None) -> CheckResult:
     n = cluster.world_size
-    outcome = run_checked(cluster, EXERCISE, "place_tables", _job, fn, timeout=timeout)
+    sets = cases(n) + [drawn_case(fresh_seed(), n)]
+    outcome = run_checked(cluster, EXERCISE, "place_tables", _job, fn, sets, timeout=timeout)
     if outcome.verdict:
         return outcome.verdict
+    if not all(_well_formed(rank_sets, len(sets)) for rank_sets in outcome.values):
+        return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
+                      "write: its code on that rank changed the check's measurements")
     problems, details = [], []
-    for k, (table_bytes, capacity) in enumerate(cases(n)):
+    for k, (table_bytes, capacity) in enumerate(sets):
         entries = [rank_cases[k] for rank_cases in outcome.values]
         placement = entries[0]["placement"]
         sizes = ", ".join(format_bytes(b) for b in table_bytes)
@@ -118,8 +145,14 @@ def _check(cluster, fn, timeout: float | None) -> CheckResult:
                             "placement depend only on the arguments")
             continue
         for rank, entry in enumerate(entries):
-            if entry["oom"]:
-                need = sum(table_bytes[t] for t in placement[rank])
+            need = sum(table_bytes[int(t)] for t in placement[rank])  # counted here
+            if need > capacity and not entry["oom"]:
+                problems.append(f"rank {rank}'s tables {placement[rank]} need "
+                                f"{format_bytes(need)}, more than the cap "
+                                f"{format_bytes(capacity)} for {where}, yet the rank "
+                                "reported holding them: its code on that rank changed the "
+                                "check's measurements")
+            elif entry["oom"]:
                 problems.append(f"rank {rank} ran out of memory holding tables "
                                 f"{placement[rank]} ({format_bytes(need)}, cap "
                                 f"{format_bytes(capacity)}) for {where}; "
