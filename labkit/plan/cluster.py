@@ -84,13 +84,19 @@ class GPUCluster:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce"
-             ) -> tuple[float, float]:
+    def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce",
+             per_node: int = 1) -> tuple[float, float]:
         """(alpha seconds per ring step, bandwidth bytes/s) of the link a ``kind`` collective
-        over ``group`` GPUs uses: the network's NICs, or the node's GPU links at the rate NCCL
-        was measured to reach on them (``GPU.achieved_bandwidth``)."""
+        over ``group`` GPUs uses: the node's GPU links at the rate NCCL was measured to reach
+        on them (``GPU.achieved_bandwidth``), or the network. A group with ``per_node`` members
+        in each node crosses it on that many NICs at once (NCCL's channels cross the node
+        boundary at different GPUs: Bekman, ml-engineering network/README.md, 'Inter-node
+        speed depends on intra-node speed', where one GPU's NIC carrying the whole payload is
+        "the arithmetic to avoid", 3.9x off a measured 32-rank all-reduce), and never faster
+        than the ring's hops inside the node."""
         if spans_nodes:
-            return self.alpha_s[1], self.inter_node_bandwidth
+            return self.alpha_s[1], min(per_node * self.inter_node_bandwidth,
+                                        self.gpu.achieved_bandwidth(max(per_node, 2), kind))
         return self.alpha_s[0], self.gpu.achieved_bandwidth(group, kind)
 
     def replace(self, **changes) -> GPUCluster:
