@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from labkit.plan.hardware import GPU, gpu
 
+# collectives NCCL runs as rings, which cross a node boundary at a few GPUs per channel
+RINGS = ("all_reduce", "all_gather", "reduce_scatter")
+
 
 @dataclass(frozen=True)
 class GPUCluster:
@@ -93,10 +96,13 @@ class GPUCluster:
         boundary at different GPUs: Bekman, ml-engineering network/README.md, 'Inter-node
         speed depends on intra-node speed', where one GPU's NIC carrying the whole payload is
         "the arithmetic to avoid", 3.9x off a measured 32-rank all-reduce), and never faster
-        than the ring's hops inside the node."""
-        if spans_nodes:
+        than the ring's hops inside the node. That holds for the ring collectives
+        (``RINGS``); in a send or an all-to-all every GPU's own bytes leave on its own NIC."""
+        if spans_nodes and kind in RINGS and per_node > 1:
             return self.alpha_s[1], min(per_node * self.inter_node_bandwidth,
-                                        self.gpu.achieved_bandwidth(max(per_node, 2), kind))
+                                        self.gpu.achieved_bandwidth(per_node, kind))
+        if spans_nodes:  # a send, an all-to-all: each GPU's own bytes leave on its own NIC
+            return self.alpha_s[1], self.inter_node_bandwidth
         return self.alpha_s[0], self.gpu.achieved_bandwidth(group, kind)
 
     def replace(self, **changes) -> GPUCluster:

@@ -13,8 +13,8 @@
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.runtime.costs.ring_share``), on the link its group
   uses: a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
-  node) uses the node's GPU links, any other the network, on as many NICs as the group has
-  members in a node (``members_per_node``; ``GPUCluster.link``).
+  node) uses the node's GPU links, any other the network: a ring collective on as many NICs
+  as the group has members in a node (``members_per_node``; ``GPUCluster.link``).
 * overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
   backward (buckets), so only what outlasts backward is exposed, and never less than its last
   bucket (Megatron 2021 and DeepSpeed's pipeline reduce after backward: exposed whole);
