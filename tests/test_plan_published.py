@@ -255,3 +255,14 @@ def test_flashattention_in_triton_runs_slower_than_fa2(monkeypatch):
     fa2 = compute_s()
     assert ATTENTION_SLOWER["triton"] == 1.7 and ATTENTION_SLOWER["fa2"] == 1.0
     assert triton > fa2
+
+
+@pytest.mark.parametrize("lever", [dict(zero_stage=3), dict(zero_stage=7), dict(zero_stage=-1),
+                                   dict(virtual_stages=-2), dict(virtual_stages=2.5),
+                                   dict(virtual_stages="2")])
+def test_a_lever_no_layout_runs_is_refused_before_any_counting(lever):
+    # zero_stage 3 would count sharded parameters but charge no gathers for them; the rest
+    # used to fail (or pass) deep inside the counts
+    with pytest.raises(plan.PlanError, match=next(iter(lever))):
+        plan.project(MEGATRON_22B, Parallelism.of(tp=4, pp=2, schedule="1f1b"), A100_NODE,
+                     global_batch=8, micro_batches=8, **lever)

@@ -36,12 +36,22 @@ def warn_tokens_as_batch(model_config, global_batch) -> None:
 
 
 def check_lever(lever) -> None:
-    """Raise ``PlanError`` for a batch, micro-batch count, precision or optimizer that no
-    layout could run (a zero or negative batch once gave negative step times)."""
+    """Raise ``PlanError`` for a batch, micro-batch count, ZeRO stage, chunk count, precision
+    or optimizer that no layout could run."""
     for name in ("global_batch", "micro_batches"):
         value = getattr(lever, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{name} is a whole number, at least 1, not {value!r}")
+    zero = getattr(lever, "zero_stage", 0)
+    if isinstance(zero, bool) or zero not in (0, 1, 2):
+        raise PlanError(f"zero_stage is 0, 1 (optimizer state sharded over dp) or 2 (and the "
+                        f"gradients), not {zero!r}: for parameters sharded too (ZeRO-3) use "
+                        "fsdp, Parallelism.of(fsdp=N, dp_kind='fsdp')")
+    chunks = getattr(lever, "virtual_stages", 0)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
+        raise PlanError(f"virtual_stages is a whole number of model chunks per pipeline rank "
+                        f"(0: the layout's schedule decides, 2 or more interleave), not "
+                        f"{chunks!r}")
     if lever.precision not in PRECISIONS:
         raise PlanError(f"precision is one of {PRECISIONS}, not {lever.precision!r}")
     if lever.optimizer not in OPTIMIZER_STATE_COPIES:
@@ -121,7 +131,7 @@ def _check_pipeline(model_config, layout: Parallelism, lever) -> None:
                         f"{layers}")
     schedule = layout.pipeline_schedule
     chunks = getattr(lever, "virtual_stages", 0)
-    if chunks and (chunks < 1 or layers < layout.pp * chunks):
+    if chunks and layers < layout.pp * chunks:
         raise PlanError(f"virtual_stages={chunks} puts {layout.pp * chunks} model chunks on "
                         f"{layout.pp} stages: the model has {layers} layers; choose "
                         f"virtual_stages <= {max(layers // layout.pp, 1)}")
