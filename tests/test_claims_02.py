@@ -13,6 +13,8 @@ import pytest
 from tests.lessons import COURSE, lesson_fixture
 
 SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
+QUIET = 0.9  # a machine is quiet when N ranks compute >= 0.9 N times one's work at once
+SHARE_OF_CEILING = 0.75  # on a busy machine, DDP gets at least this share of its ceiling
 
 
 nb = lesson_fixture("02_data_parallel")
@@ -59,21 +61,41 @@ def test_the_small_runs_spend_much_of_their_steps_averaging_the_gradient(nb):
     assert split["comm_s"] > 0.1 * split["step_s"]  # "much": a tenth or more (~30% quiet)
 
 
+def _quiet(results) -> bool:
+    """Whether the ranks had the machine to themselves: the lesson's own measurement of the
+    same computation on N ranks at once against one alone, made before the timed runs."""
+    return results["capacity"]["speedup"] >= QUIET * results["world_size"]
+
+
+def test_the_ceiling_is_n_ranks_computing_at_once_against_one(nb):
+    capacity, n = nb.results["capacity"], nb.results["world_size"]
+    assert capacity["world_size"] == n and capacity["products"] > 0
+    assert capacity["speedup"] == pytest.approx(n * capacity["alone_s"] / capacity["together_s"])
+    assert 0 < capacity["speedup"] <= 1.1 * n  # no more than N devices' work (and noise)
+
+
 def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
     """The time wall's first half: compute-bound, N devices run a step >= 1.5x faster than one
-    (CPU ranks, one core each; on GPUs, faster than one device)."""
+    (CPU ranks, one core each, on a quiet machine; on GPUs, faster than one device). Where
+    other programs had part of the cores (the lesson's ceiling below 0.9 N), DDP's speedup
+    must still be three quarters of that ceiling: the lesson prints both."""
     results = nb.results
     one, ddp, _ = _names(results)
-    speedup = results["speedup"]
+    speedup, ceiling = results["speedup"], results["capacity"]["speedup"]
     assert speedup == pytest.approx(results["step_ms"][one] / results["step_ms"][ddp])
-    floor = SPEEDUP_FLOOR if results["device"] == "cpu" else 1.0
-    assert speedup >= floor, f"{speedup:.2f}x on {results['world_size']} ranks"
+    if results["device"] != "cpu":
+        floor = 1.0
+    else:
+        floor = SPEEDUP_FLOOR if _quiet(results) else SHARE_OF_CEILING * ceiling
+    assert speedup >= floor, (f"{speedup:.2f}x on {results['world_size']} ranks, the "
+                              f"machine's ceiling {ceiling:.2f}x")
 
 
 def test_the_allreduce_adds_an_orange_sliver(nb):
     _, ddp, _ = _names(nb.results)
     split = nb.results["split"][ddp]
-    assert 0 <= split["comm_s"] < 0.15 * split["step_s"]  # 3-7% quiet; a lagging rank adds
+    share = 0.15 if _quiet(nb.results) else 0.3  # 3-7% quiet; a rank lagging on a busy core
+    assert 0 <= split["comm_s"] < share * split["step_s"]  # waits in the AllReduce
 
 
 def test_taking_turns_takes_about_as_long_as_the_whole_batch_on_one_device(nb):
@@ -164,7 +186,8 @@ def test_weak_scaling_stays_above_strong_scaling(nb):
     n, batch = str(results["world_size"]), results["weak_batch"]
     assert results["strong"][n] == pytest.approx(_walk(results)[batch]["speedup"])
     assert results["strong"][n] < 1.0  # "where strong scaling no longer paid"
-    assert results["weak"][n] > results["strong"][n] + 0.1  # "its line stays above"
+    margin = 0.1 if _quiet(results) else 0.0  # a busy machine slows both lines' ranks
+    assert results["weak"][n] > results["strong"][n] + margin  # "its line stays above"
 
 
 def _defining(nb, name: str) -> str:
