@@ -191,3 +191,16 @@ def test_a_run_survives_its_estimate_failing(one, monkeypatch):
     with pytest.warns(RuntimeWarning, match="estimate failed .*tracer broke"):
         report = labkit.train(one, model="mlp", global_batch=8, steps=2)
     assert len(report.losses) == 2 and report.estimate is None
+
+
+def test_the_ceiling_is_measured_on_every_rank_against_one_alone():
+    from labkit.lessons.data_parallel.capacity import parallel_capacity
+
+    with labkit.Cluster(1, progress=False) as one, labkit.Cluster(2, progress=False) as two:
+        with pytest.raises(ValueError, match="1 rank"):
+            parallel_capacity(two, one)
+        capacity = parallel_capacity(one, two)
+    assert capacity.world_size == 2 and capacity.products > 0
+    assert capacity.alone_s > 0 and capacity.together_s > 0
+    assert capacity.speedup == pytest.approx(2 * capacity.alone_s / capacity.together_s)
+    assert "2 ranks at once do" in str(capacity)
