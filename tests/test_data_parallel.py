@@ -191,3 +191,15 @@ def test_a_run_survives_its_estimate_failing(one, monkeypatch):
     with pytest.warns(RuntimeWarning, match="estimate failed .*tracer broke"):
         report = labkit.train(one, model="mlp", global_batch=8, steps=2)
     assert len(report.losses) == 2 and report.estimate is None
+
+
+def test_the_hand_written_averaging_shown_is_the_algorithm_alone():
+    """Notebook 02 shows average_gradients: plain tensors, no DTensor handling (training
+    hands it a tensor-parallel model's local shards: ``LocalShards``)."""
+    import inspect
+
+    from labkit.parallel.data import naive
+
+    for function in (naive.average_gradients, naive.broadcast_parameters):
+        source = inspect.getsource(function)
+        assert "DTensor" not in source and "_local" not in source and "to_local" not in source

@@ -51,6 +51,7 @@ from labkit.training.build.materialize import materialize
 from labkit.training.build.sync import (
     AverageGradients,
     ExpertGradients,
+    LocalShards,
     SyncStep,
     TableGradients,
     run_sync,
@@ -145,7 +146,7 @@ def _replicate(parts, ctx: ParallelContext, config) -> tuple[list[nn.Module], di
         return parts, {"no_sync": fsdp_no_sync(parts)}
     if engine == "naive":
         for part in parts:
-            broadcast_parameters(part, ctx.group("dp"))
+            broadcast_parameters(LocalShards(part), ctx.group("dp"))
     return parts, {}
 
 
