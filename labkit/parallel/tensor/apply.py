@@ -19,7 +19,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from labkit.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
-HAND_WRITTEN = (ColumnParallelLinear, RowParallelLinear)
+# each hand-written layer's parameters and the dimension it splits them along (the layers
+# cut them so from a whole nn.Linear; a row-parallel layer keeps its bias whole)
+SPLIT_DIMS = {ColumnParallelLinear: {"weight": 0, "bias": 0}, RowParallelLinear: {"weight": 1}}
+HAND_WRITTEN = tuple(SPLIT_DIMS)
 
 
 def _layer_for(name: str, style):
@@ -53,16 +56,19 @@ def hand_written_params(module: nn.Module) -> dict[str, tuple[nn.Module, str]]:
 
 def local_piece(layer: nn.Module, name: str, whole: torch.Tensor) -> torch.Tensor:
     """This rank's piece of the whole weight ``whole`` of ``layer``'s parameter ``name``."""
-    dim = layer.split_dims.get(name)
-    return whole if dim is None else whole.chunk(layer.world_size, dim=dim)[layer.rank]
+    dim = SPLIT_DIMS[type(layer)].get(name)
+    if dim is None:
+        return whole
+    size, rank = dist.get_world_size(layer.group), dist.get_rank(layer.group)
+    return whole.chunk(size, dim=dim)[rank]
 
 
 def whole_tensor(layer: nn.Module, name: str, local: torch.Tensor) -> torch.Tensor:
     """The whole weight from every tp rank's ``local`` piece (all ranks of the tp group
     call it: an all-gather)."""
-    dim = layer.split_dims.get(name)
+    dim = SPLIT_DIMS[type(layer)].get(name)
     if dim is None:
         return local
-    pieces = [torch.empty_like(local) for _ in range(layer.world_size)]
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(layer.group))]
     dist.all_gather(pieces, local.contiguous(), group=layer.group)
     return torch.cat(pieces, dim=dim)

@@ -30,12 +30,9 @@ def _shard(tensor: torch.Tensor, dim: int, rank: int, world_size: int) -> torch.
 class ColumnParallelLinear(nn.Module):
     """This rank's slice of the output features. Input: whole; output: this rank's slice."""
 
-    split_dims = {"weight": 0, "bias": 0}  # each parameter's split dimension
-
     def __init__(self, linear: nn.Linear, rank: int, world_size: int, group=None):
         super().__init__()
         self.group = group  # the tensor-parallel group (None: all ranks)
-        self.rank, self.world_size = rank, world_size
         self.weight = nn.Parameter(_shard(linear.weight.detach(), 0, rank, world_size))
         self.bias = (nn.Parameter(_shard(linear.bias.detach(), 0, rank, world_size))
                      if linear.bias is not None else None)
@@ -48,12 +45,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """This rank's slice of the input features. Input: this rank's slice; output: whole."""
 
-    split_dims = {"weight": 1}  # the bias is whole on every rank
-
     def __init__(self, linear: nn.Linear, rank: int, world_size: int, group=None):
         super().__init__()
         self.group = group  # the tensor-parallel group (None: all ranks)
-        self.rank, self.world_size = rank, world_size
         self.weight = nn.Parameter(_shard(linear.weight.detach(), 1, rank, world_size))
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
