@@ -89,3 +89,12 @@ def test_naive_tp_composes_with_naive_data_parallelism(one, four):
     report = labkit.train(four, config, layout=labkit.Layout(dp=2, tp=2), tp_kind="naive",
                           dp_kind="naive", estimate=False)
     assert report.losses == pytest.approx(reference.losses, rel=1e-5)
+
+
+def test_the_estimator_traces_the_hand_written_layers():
+    """The estimate runs the build and the step on fake tensors: the hand-written layers hold
+    the same shards as DTensor's, so the same peak."""
+    config = labkit.TrainConfig(model=GPTConfig(n_layers=2), layout=labkit.Layout(tp=2),
+                                global_batch=8, steps=2)
+    naive = labkit.estimate_memory(config.replace(layout=config.layout, tp_kind="naive"), 2)
+    assert naive.peak_bytes == labkit.estimate_memory(config, 2).peak_bytes > 0
