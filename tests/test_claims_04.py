@@ -24,6 +24,18 @@ def test_both_joined_results_equal_the_product_in_one_piece(nb):
     assert nb.results["split_errors"] == {"column": 0.0, "row": 0.0}
 
 
+def test_the_hand_written_layers_train_to_dtensors_losses_to_float_rounding(nb):
+    """"no further than float rounding": tp_kind="naive" beside the default, the same
+    config; the default run is the tp strategy's run further down, loss for loss."""
+    results = nb.results
+    naive, dtensor = results["hand_tp_losses"]["naive"], results["hand_tp_losses"]["dtensor"]
+    assert len(naive) == len(dtensor) == len(results["losses"]["tp"])
+    gap = max(abs(a - b) for a, b in zip(naive, dtensor, strict=True))
+    assert results["hand_tp_max_difference"] == gap < 1e-6
+    assert dtensor == results["losses"]["tp"]  # the same config, the same engine
+    assert len(set(naive)) > 1  # it trained: the loss moved
+
+
 def test_a_model_too_wide_for_one_device_by_half_again(nb):
     assert_out_of_one_device_by_half_again(nb.results)
 

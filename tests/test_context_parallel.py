@@ -122,3 +122,36 @@ def test_ring_attention_equals_torch_context_parallel_on_gpus():
         for rank, errors in enumerate(cluster.run(_against_torch_engine)):
             assert errors["ours_vs_torch"] < 1e-4 and errors["torch_vs_whole"] < 1e-4, \
                 (rank, errors)
+
+
+def _observed_against_plain(ctx) -> dict:
+    import torch.distributed as dist
+
+    from labkit.parallel.context import ring_forward
+    from labkit.parallel.context.observe import observed_ring_forward
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (shard_sequence(torch.randn(1, 2, 16, 8, generator=gen), ctx.rank,
+                              ctx.world_size, dim=2) for _ in range(3))
+    plain = ring_forward(q, k, v, dist.group.WORLD, True)
+    schedule: list = []
+    observed = observed_ring_forward(q, k, v, dist.group.WORLD, True, schedule=schedule)
+    doubled = observed_ring_forward(q, k, v, dist.group.WORLD, True,
+                                    merge_fn=lambda *args: (merge(*args)[0] * 2, merge(*args)[1]))
+    return {"equal": all(torch.equal(a, b) for a, b in zip(plain, observed, strict=True)),
+            "steps": [(step, source) for step, source, _ in schedule],
+            "merge_used": not torch.equal(doubled[0], plain[0])}
+
+
+def test_the_observed_ring_runs_ring_forwards_own_code(two):
+    """ring_forward is the algorithm alone; the lesson's wrapper notes its steps and swaps
+    its merge, giving the same numbers when nothing is swapped."""
+    import inspect
+
+    from labkit.parallel.context import ring_forward
+
+    assert list(inspect.signature(ring_forward).parameters) == ["q", "k", "v", "group",
+                                                                "causal"]
+    for rank, result in enumerate(two.run(_observed_against_plain)):
+        assert result["equal"] and result["merge_used"]
+        assert result["steps"] == [(0, rank), (1, 1 - rank)]

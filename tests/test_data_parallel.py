@@ -204,3 +204,15 @@ def test_the_ceiling_is_measured_on_every_rank_against_one_alone():
     assert capacity.alone_s > 0 and capacity.together_s > 0
     assert capacity.speedup == pytest.approx(2 * capacity.alone_s / capacity.together_s)
     assert "2 ranks at once do" in str(capacity)
+
+
+def test_the_hand_written_averaging_shown_is_the_algorithm_alone():
+    """Notebook 02 shows average_gradients: plain tensors, no DTensor handling (training
+    hands it a tensor-parallel model's local shards: ``LocalShards``)."""
+    import inspect
+
+    from labkit.parallel.data import naive
+
+    for function in (naive.average_gradients, naive.broadcast_parameters):
+        source = inspect.getsource(function)
+        assert "DTensor" not in source and "_local" not in source and "to_local" not in source

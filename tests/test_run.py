@@ -66,7 +66,11 @@ def test_a_run_round_trips_to_the_ranks_without_being_checked_again(monkeypatch)
     (Layout(dp=2, fsdp=2), {}, Engines(dp_kind="fsdp")),
     (Layout(dp=2), {"dp_kind": "naive"}, Engines(dp_kind="naive")),
     (Layout(fsdp=2), {"tables": "row_wise"}, Engines(tables="row_wise")),
-    (Layout(cp=2), {}, Engines(cp_engine="ring"))])
+    (Layout(cp=2), {}, Engines(cp_engine="ring")),
+    (Layout(tp=2), {}, Engines(tp_kind="dtensor")),
+    (Layout(tp=2), {"tp_kind": "naive"}, Engines(tp_kind="naive")),
+    (Layout(dp=2, tp=2), {"tp_kind": "naive", "dp_kind": "naive"},
+     Engines(dp_kind="naive", tp_kind="naive"))])
 def test_every_default_engine_is_filled_in_when_the_run_is_resolved(layout, choices, engines):
     model = DLRMConfig() if "tables" in choices else GPT
     config = labkit.TrainConfig(model=model, layout=layout, global_batch=8, micro_batches=2,

@@ -182,6 +182,7 @@ REFUSED = {
                        "choose schedule='gpipe'"),
     "naive_1f1b": (("--layout", "pp=2,schedule=naive_1f1b", "--micro-batches", "2"),
                    "choose schedule='1f1b'"),
+    "naive_tp": (("--layout", "tp=2,tp_kind=naive"), "choose tp_kind='dtensor'"),
     "checkpoints": (("--strategy", "ddp", "--world-size", "2", "--checkpoint-dir", "ckpt"),
                     "saves no checkpoint"),
 }

@@ -64,7 +64,7 @@ def train(cluster, config: TrainConfig | Run | None = None, *, memory_per_device
     ``config``: a ``TrainConfig``, or a ``Run`` already resolved for this cluster (by
     ``checked``: a sweep resolves its cells once, up front). ``fields`` are those of
     ``TrainConfig`` (model, strategy or layout and its engine
-    choices schedule, dp_kind, tables, cp_engine, global_batch,
+    choices schedule, dp_kind, tables, tp_kind, cp_engine, global_batch,
     steps, lr, optimizer, precision, seed, micro_batches, bucket_cap_mb, return_weights,
     grad_accumulation, activation_checkpointing, checkpoint_dir, checkpoint_every,
     profile). With

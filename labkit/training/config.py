@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from labkit.models import MLPConfig, ModelConfig, config_for, fields
 from labkit.parallel.context.engine import ENGINES as CP_ENGINES
-from labkit.training.engines import check_choice, describe
+from labkit.training.engines import CHOICE_FIELDS, check_choice, describe
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.presets import STRATEGIES
 
@@ -30,8 +30,9 @@ class TrainConfig:
             "row_wise_dtensor").
         layout: a ``labkit.Layout`` instead of a strategy name (parallelisms composed:
             ``Layout(fsdp=2, tp=2)``); its degrees must multiply to the rank count.
-        schedule, dp_kind, tables: the engine choices beside the layout's degrees (the
-            pipeline schedule, the data-parallel engine, the DLRM's tables placed over fsdp:
+        schedule, dp_kind, tables, tp_kind: the engine choices beside the layout's degrees
+            (the pipeline schedule, the data-parallel engine, the DLRM's tables placed over
+            fsdp, what splits the matrices over tp: DTensor or labkit's hand-written layers:
             ``labkit/training/engines.py``); None for the default (a strategy name sets its
             own).
         global_batch: samples per step over all ranks; data-parallel ranks get an equal slice.
@@ -77,6 +78,7 @@ class TrainConfig:
     schedule: str | None = None
     dp_kind: str | None = None
     tables: str | None = None
+    tp_kind: str | None = None
     global_batch: int = 64
     steps: int = 5
     lr: float = 1e-3
@@ -108,7 +110,7 @@ class TrainConfig:
         progress bars): ``"pp2 x dp2 (gpipe)"``."""
         if self.layout is None:
             return self.strategy
-        return describe(self.layout, self.schedule, self.dp_kind, self.tables)
+        return describe(self.layout, self.schedule, self.dp_kind, self.tables, self.tp_kind)
 
     def replace(self, **changes) -> TrainConfig:
         """A copy with ``changes``; a new strategy replaces the layout and its engine
@@ -118,11 +120,11 @@ class TrainConfig:
         one-stage pipeline)."""
         if "strategy" in changes and "layout" not in changes:
             changes["layout"] = None
-            for name in ("schedule", "dp_kind", "tables"):
+            for name in CHOICE_FIELDS:
                 changes.setdefault(name, None)
         if "layout" in changes:  # the new degrees run with their own (default) engines
             changes.setdefault("strategy", "single")
-            for name in ("schedule", "dp_kind", "tables"):
+            for name in CHOICE_FIELDS:
                 changes.setdefault(name, None)
         return dataclasses.replace(self, **changes)
 
@@ -136,7 +138,7 @@ class TrainConfig:
         data = dict(data)
         model = dict(data.pop("model"))
         layout = dict(data.pop("layout", None) or {}) or None
-        for name in ("schedule", "dp_kind", "tables"):  # saved inside the layout before
+        for name in CHOICE_FIELDS:  # saved inside the layout before
             choice = (layout or {}).pop(name, None)
             if choice is not None and data.get(name) is None:
                 data[name] = choice
@@ -149,7 +151,7 @@ def _check_fields(config: TrainConfig) -> None:
     if not isinstance(config.model, ModelConfig):
         raise TypeError(f"TrainConfig.model must be a zoo config or name, got {config.model!r}")
     fields.one_of(config, "strategy", STRATEGIES)
-    for name in ("schedule", "dp_kind", "tables"):
+    for name in CHOICE_FIELDS:
         check_choice("TrainConfig", name, getattr(config, name))
     fields.whole(config, "global_batch", "steps", "micro_batches")
     fields.whole(config, "seed", minimum=0)

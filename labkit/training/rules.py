@@ -6,6 +6,7 @@ ranks, the model, the batch, the levers and the device. Called by ``resolve`` al
 from __future__ import annotations
 
 from labkit.models import plan_for
+from labkit.training.engines import CHOICE_FIELDS
 from labkit.training.layout.layout import Layout
 
 
@@ -14,8 +15,7 @@ def check_fields(config) -> None:
     if config.layout is not None and config.strategy != "single":
         raise ValueError(f"give a strategy name or a layout, not both (strategy="
                          f"{config.strategy!r}, layout={config.layout})")
-    chosen = {n: getattr(config, n) for n in ("schedule", "dp_kind", "tables")
-              if getattr(config, n) is not None}
+    chosen = {n: getattr(config, n) for n in CHOICE_FIELDS if getattr(config, n) is not None}
     if chosen and config.layout is None:
         named = ", ".join(f"{n}={v!r}" for n, v in chosen.items())
         raise ValueError(f"{named} chooses an engine for a layout, and strategy "
@@ -28,12 +28,20 @@ def check_fields(config) -> None:
     if config.checkpoint_async and config.checkpoint_dir is None:
         raise ValueError("checkpoint_async=True needs a checkpoint_dir to save into: give "
                          "TrainConfig.checkpoint_dir")
+    if config.tp_kind == "naive" and config.checkpoint_dir is not None:
+        raise ValueError("tp_kind='naive' keeps each rank's shard of a weight as a plain "
+                         "tensor, which torch.distributed.checkpoint saves as one whole "
+                         "weight (rank 0's shard): leave out checkpoint_dir, or checkpoint "
+                         "with tp_kind='dtensor', whose DTensors DCP saves shard by shard")
 
 
 def check_engine_choices(layout: Layout, schedule: str | None = None,
-                         dp_kind: str | None = None, tables: str | None = None) -> None:
+                         dp_kind: str | None = None, tables: str | None = None,
+                         tp_kind: str | None = None) -> None:
     """Engine choices that no engine runs with these degrees, refused with what to write
     instead."""
+    if tp_kind is not None:
+        _check_tp_kind(layout, tp_kind, schedule, dp_kind, tables)
     kind = dp_kind
     if kind in ("ddp", "naive", "zero1") and layout.fsdp > 1:
         raise ValueError(f"dp_kind={kind!r} replicates the model, but fsdp={layout.fsdp} "
@@ -61,6 +69,31 @@ def check_engine_choices(layout: Layout, schedule: str | None = None,
         if layout.tp > 1 or pipelined:
             raise ValueError(f"tables={tables!r} splits the DLRM's tables over fsdp; tp "
                              "and pp split the other zoo models: leave them at 1")
+
+
+def _check_tp_kind(layout: Layout, tp_kind: str, schedule, dp_kind, tables) -> None:
+    """``tp_kind`` needs a tp dimension; "naive" (plain tensors holding each rank's shard,
+    which no other engine knows as shards) composes with hand-written data parallelism
+    only."""
+    if layout.tp == 1:
+        raise ValueError(f"tp_kind={tp_kind!r} chooses what splits the matrices over tp, and "
+                         f"the layout {layout} has tp=1: give it tp > 1 (Layout(tp=2)) or "
+                         "leave tp_kind out")
+    if tp_kind != "naive":
+        return
+    others = [f"{dim}={getattr(layout, dim)}" for dim in ("fsdp", "pp", "cp", "ep")
+              if getattr(layout, dim) > 1]
+    others += [f"schedule={schedule!r}"] if schedule is not None else []
+    others += [f"tables={tables!r}"] if tables is not None else []
+    if layout.dp > 1 and dp_kind != "naive":
+        others.append(f"dp={layout.dp} with dp_kind={dp_kind or 'ddp'!r}")
+    if others:
+        raise ValueError(f"tp_kind='naive' splits the layers with labkit's hand-written "
+                         f"Megatron layers, whose weights are plain tensors holding this "
+                         f"rank's shard: FSDP2, DDP's replicate, the pipeline's stages and "
+                         f"the other engines would take them for whole weights, so it does "
+                         f"not compose with {', '.join(others)}. Use tp alone (or with dp "
+                         f"and dp_kind='naive'), or tp_kind='dtensor' for composed layouts")
 
 
 def check_run(run) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from labkit.parallel.context.engine import resolve_engine
 from labkit.training.config import TrainConfig
-from labkit.training.engines import Engines, engines_for
+from labkit.training.engines import CHOICE_FIELDS, Engines, engines_for
 from labkit.training.layout.layout import Layout
 from labkit.training.layout.presets import preset
 from labkit.training.profile import check_profile_dir
@@ -85,7 +85,7 @@ def layout_and_choices(config: TrainConfig, world_size: int
     """The config's layout and engine choices, or its strategy's preset."""
     if config.layout is None:
         return preset(config.strategy, world_size)
-    choices = {"schedule": config.schedule, "dp_kind": config.dp_kind, "tables": config.tables}
+    choices = {name: getattr(config, name) for name in CHOICE_FIELDS}
     return config.layout, {name: value for name, value in choices.items() if value is not None}
 
 

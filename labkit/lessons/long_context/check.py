@@ -53,13 +53,15 @@ def _inputs(seed: int, scale: float, seq_len: int):
 def _on_rank(ctx, fn, seed: int, seq_len: int = SEQ_LEN):
     import torch.distributed as dist
 
-    from labkit.parallel.context import ring_forward, shard_sequence
+    from labkit.parallel.context import shard_sequence
+    from labkit.parallel.context.observe import observed_ring_forward
 
     out = {}
     for case, scale in CASES.items():
         q, k, v = (t.to(ctx.device) for t in _inputs(seed, scale, seq_len))
         mine = [shard_sequence(t, ctx.rank, ctx.world_size, dim=2) for t in (q, k, v)]
-        got, _ = ring_forward(*mine, dist.group.WORLD, True, merge_fn=_returns_a_pair(fn))
+        got, _ = observed_ring_forward(*mine, dist.group.WORLD, True,
+                                       merge_fn=_returns_a_pair(fn))
         out[case] = got.detach().cpu()
     return out
 

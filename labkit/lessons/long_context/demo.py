@@ -1,5 +1,5 @@
 """Ring attention shown on the ranks: which key/value block each rank holds at each step,
-recorded by the ring itself (``ring_forward(..., schedule=...)``)."""
+noted by the ring itself as it runs (``labkit/parallel/context/observe.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ def _schedule_on_rank(ctx, seq_len: int) -> list:
     import torch
     import torch.distributed as dist
 
-    from labkit.parallel.context.ring import ring_forward
+    from labkit.parallel.context.observe import observed_ring_forward
     from labkit.parallel.context.sharding import shard_sequence
 
     q = shard_sequence(torch.randn(1, 1, seq_len, 4), ctx.rank, ctx.world_size, dim=2)
     schedule: list = []
-    ring_forward(q, q, q, dist.group.WORLD, True, schedule=schedule)
+    observed_ring_forward(q, q, q, dist.group.WORLD, True, schedule=schedule)
     return [{"step": step, "holds": source, "pairs": [list(p) for p in pairs]}
             for step, source, pairs in schedule]
 

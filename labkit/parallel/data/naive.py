@@ -11,19 +11,15 @@ AllReduce per parameter over its data-parallel group:
 After that every rank takes the same optimizer step, so the weights stay identical and the
 result equals one device training on the whole batch. PyTorch's DDP (``ddp.py``) does the same
 arithmetic, faster: it groups gradients into buckets and overlaps their AllReduce with backward.
+
+Both functions take plain tensors; training hands them a tensor-parallel model as its local
+shards (``labkit/training/build/sync.py``: ``LocalShards``).
 """
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A rank's own part: the local shard of a tensor-parallel weight's gradient."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def average_gradients(model: nn.Module, group=None) -> None:
@@ -35,9 +31,8 @@ def average_gradients(model: nn.Module, group=None) -> None:
     for param in model.parameters():
         if param.grad is None:
             continue
-        grad = _local(param.grad)
-        dist.all_reduce(grad, group=group)  # sum over the group's ranks
-        grad /= size  # mean: the gradient of the group's whole batch
+        dist.all_reduce(param.grad, group=group)  # sum over the group's ranks
+        param.grad /= size  # mean: the gradient of the group's whole batch
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:
@@ -46,4 +41,4 @@ def broadcast_parameters(model: nn.Module, group=None) -> None:
     if dist.get_world_size(group) == 1:
         return
     for param in model.parameters():
-        dist.broadcast(_local(param.data), group=group, group_src=0)
+        dist.broadcast(param.data, group=group, group_src=0)

@@ -1,7 +1,10 @@
 """Tensor parallelism: each layer's matrices split across devices (Megatron-LM style).
 
 ``layers.py`` and ``comm.py`` build it by hand, for teaching; ``dtensor.py`` uses PyTorch's
-DTensor. ``tests/test_tensor_parallel.py`` shows both equal the plain layers. The lesson's
+DTensor, which training runs by default. ``TrainConfig(tp_kind="naive")`` trains with the
+hand-written layers instead (``apply.py``). ``tests/test_tensor_parallel.py`` shows both equal
+the plain layers, ``tests/test_tensor_parallel_naive.py`` that both train to one device's
+losses. The lesson's
 experiments are in ``labkit.lessons.tensor_parallel``.
 """
 

@@ -3,7 +3,8 @@
     1. the model on the meta device (``labkit/models``): shapes, no memory;
        (the DLRM with ``tables=``: its tables placed over fsdp, ``labkit/parallel/embedding``)
     2. tensor parallelism on ``mesh["tp"]``: DTensor's ``parallelize_module`` with the model's
-       plan (``labkit/models/*_split.py``; the lesson is in ``labkit/parallel/tensor``);
+       plan (``labkit/models/*_split.py``; the lesson is in ``labkit/parallel/tensor``), or
+       with ``tp_kind="naive"`` the same plan carried out by labkit's hand-written layers;
     3. the pipeline split over ``mesh["pp"]``: this rank's stages (``labkit/parallel/pipeline``);
     4. FSDP2 on each part, still on meta: ``fully_shard`` over fsdp (HSDP over dp x fsdp), or
        ``replicate`` over dp when the replica is split by tp or pp
@@ -45,12 +46,14 @@ from labkit.parallel.sharded.fsdp import (
     shard_dims,
 )
 from labkit.parallel.sharded.zero import zero1_optimizer
+from labkit.parallel.tensor.apply import apply_naive_tp
 from labkit.runtime.memory.capacity import on_host
 from labkit.training.build.context import ParallelContext
 from labkit.training.build.materialize import materialize
 from labkit.training.build.sync import (
     AverageGradients,
     ExpertGradients,
+    LocalShards,
     SyncStep,
     TableGradients,
     run_sync,
@@ -145,7 +148,7 @@ def _replicate(parts, ctx: ParallelContext, config) -> tuple[list[nn.Module], di
         return parts, {"no_sync": fsdp_no_sync(parts)}
     if engine == "naive":
         for part in parts:
-            broadcast_parameters(part, ctx.group("dp"))
+            broadcast_parameters(LocalShards(part), ctx.group("dp"))
     return parts, {}
 
 
@@ -179,7 +182,9 @@ def _on_meta(ctx: ParallelContext, config, plan):
     if engines.tables is not None:
         placement = table_plan(config, layout, engines.tables, ctx.memory)
         model = shard_tables(model, placement, ctx.submesh("fsdp"), engines.tables)
-    if layout.tp > 1:
+    if engines.tp_kind == "naive":  # labkit's Megatron layers: f and g by hand
+        apply_naive_tp(model, plan.tp_styles(model), ctx.submesh("tp"))
+    elif layout.tp > 1:
         parallelize_module(model, ctx.submesh("tp"), plan.tp_styles(model))
     if layout.ep > 1:  # this rank's experts only (DTensors over dp), all-to-all over dp
         shard_experts(model, ctx.submesh("dp"), ctx.group("dp"))

@@ -29,6 +29,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from labkit.models import build_model, plan_for
 from labkit.models.optim import weight_dtype
+from labkit.parallel.tensor.apply import hand_written_params, local_piece, whole_tensor
 from labkit.runtime.memory.capacity import on_host
 
 
@@ -59,12 +60,15 @@ def materialize(parts: list[nn.Module], names: list[dict[str, str]], config, tp:
         values = dict(_tensors(host))
     with torch.no_grad():
         for part, part_names in zip(parts, names, strict=True):
+            hand_written = hand_written_params(part)  # tp_kind="naive": plain shards
             for name, tensor in _tensors(part):
                 full_name = part_names.get(name, name)
                 with on_host():  # cut on the host: the device receives only the piece
                     source = plan.to_tp_layout(full_name, values[full_name].detach(), tp)
                     if isinstance(tensor, DTensor):
                         source = host_shard(source, tensor.device_mesh, tensor.placements)
+                    elif name in hand_written:
+                        source = local_piece(*hand_written[name], source)
                     source = source.contiguous()
                 local = _local(tensor)
                 if local.numel():
@@ -96,10 +100,13 @@ def full_weights(parts: list[nn.Module], names: list[dict[str, str]], config,
     out = {}
     with _quiet_redistribution():
         for part, part_names in zip(parts, names, strict=True):
+            hand_written = hand_written_params(part)
             for name, value in part.state_dict().items():
                 full_name = part_names.get(name, name)
                 with on_host():  # copies for the caller, not the training's memory
                     whole = value.full_tensor() if isinstance(value, DTensor) else value
+                    if name in hand_written:  # an all-gather over tp
+                        whole = whole_tensor(*hand_written[name], whole)
                     whole = plan.from_tp_layout(full_name, whole.detach().cpu(), tp)
                     out[full_name] = whole.clone()
     return out

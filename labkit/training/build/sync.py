@@ -18,11 +18,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from labkit.parallel.data.naive import average_gradients
 from labkit.parallel.embedding.tables import sync_table_gradients
 from labkit.parallel.expert.apply import sync_expert_gradients
+
+
+def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@dataclass
+class _LocalParameter:
+    """A parameter as the hand-written data parallelism sees it: its local shard (a
+    DTensor's ``to_local()`` shares its storage: what is done to it is done to the weight)."""
+
+    data: torch.Tensor
+    grad: torch.Tensor | None
+
+
+class LocalShards:
+    """``module`` with each parameter and gradient its local shard, for the plain-tensor
+    teaching functions of ``labkit/parallel/data/naive.py`` (a tensor-parallel DTensor
+    weight's shard is reduced over dp shard by shard, as every rank of a tp group holds
+    another)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def parameters(self):
+        for param in self.module.parameters():
+            yield _LocalParameter(_local(param.data), _local(param.grad))
 
 
 @dataclass(frozen=True)
@@ -36,7 +65,7 @@ class AverageGradients:
 
     def __call__(self) -> None:
         for part in self.parts:
-            average_gradients(part, self.group)
+            average_gradients(LocalShards(part), self.group)
 
     def __str__(self) -> str:
         return f"average gradients over {self.over}"

@@ -35,7 +35,7 @@ _NAME = re.compile(r"^step-(\d{8})$")
 
 # Fields that may change between a run and its resumption: how the run is laid out (DCP
 # reshards over another layout or rank count), how long it goes on, what it returns.
-_FREE_FIELDS = ("strategy", "layout", "schedule", "dp_kind", "tables", "steps",
+_FREE_FIELDS = ("strategy", "layout", "schedule", "dp_kind", "tables", "tp_kind", "steps",
                 "return_weights", "bucket_cap_mb", "profile",
                 "checkpoint_dir", "checkpoint_every", "checkpoint_async", "checkpoint_keep")
 

@@ -40,7 +40,8 @@ import numbers
 from dataclasses import dataclass
 
 MESH_ORDER = ("pp", "dp", "fsdp", "cp", "tp")  # torchtitan's order: cp just outside tp
-ENGINE_FIELDS = ("schedule", "dp_kind", "tables", "cp_engine")  # TrainConfig's, not a Layout's
+# TrainConfig's, not a Layout's
+ENGINE_FIELDS = ("schedule", "dp_kind", "tables", "tp_kind", "cp_engine")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _refuse_engine_choices(kwargs: dict) -> None:
     if moved:
         degrees = ", ".join(f"{n}={v!r}" for n, v in kwargs.items() if n not in moved)
         choices = ", ".join(f"{n}={v!r}" for n, v in moved.items())
-        planner = ("" if "cp_engine" in moved else
+        planner = ("" if {"cp_engine", "tp_kind"} & set(moved) else
                    f"; the planner's: labkit.plan.Parallelism(layout, {choices})")
         raise TypeError(f"Layout holds the degrees only; {choices} is chosen beside it: "
                         f"labkit.train(cluster, layout=labkit.Layout({degrees}), "

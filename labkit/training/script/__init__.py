@@ -16,8 +16,9 @@ under torchrun on CUDA with NCCL (each rank's GPU from ``LOCAL_RANK``) or on CPU
 reports for the same arguments.
 
 A run labkit trains but writes no script for (its hand-written engines: the DLRM's tables,
-the MoE's experts, ring attention, the naive pipeline; checkpointing) raises
-:class:`ScriptRefused` with the reason, before anything is written (``refuse.py``).
+the MoE's experts, ring attention, the naive pipeline, the naive tensor-parallel layers;
+checkpointing) raises :class:`ScriptRefused` with the reason, before anything is written
+(``refuse.py``).
 ``docs/guide/script.md`` lists what is written and what is refused.
 """
 

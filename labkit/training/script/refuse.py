@@ -32,6 +32,11 @@ def refusal(run) -> str | None:
                 f"reading (labkit/parallel/pipeline/naive.py): choose "
                 f"schedule={engines.schedule_order!r}, which torch.distributed.pipelining runs "
                 f"in the same order")
+    if engines.tp_kind == "naive":
+        return ("tp_kind='naive' trains with labkit's hand-written Megatron layers, for "
+                "reading (labkit/parallel/tensor/layers.py), which are no torch API: choose "
+                "tp_kind='dtensor', which parallelize_module runs with the same plan and "
+                "the same losses")
     if config.checkpoint_dir is not None:
         return ("a script trains from its first step to its last and saves no checkpoint: "
                 "leave out checkpoint_dir (--checkpoint-dir); lesson 10 shows "
