@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+import labkit.plan as plan
 from labkit.plan.hardware import GPUS
 from labkit.training.layout import MESH_ORDER
 from tests.lessons import lesson_fixture
@@ -50,14 +51,18 @@ def test_the_planner_places_tables_over_the_gpus_never_a_copy_per_node(nb):
             assert "dp" not in _degrees(chosen["layout"]), (label, chosen["layout"])
 
 
-def test_four_nodes_are_no_faster_than_one_the_lookups_cross_the_network(nb):
+def test_four_nodes_buy_little_the_step_shrinks_far_less_the_lookups_cross_the_network(nb):
     days = nb.results["recommender_days"]
+    one_days = days["next year's model, 8 x A100 (1 node)"]
+    four_days = days["next year's model, 32 x A100 (4 nodes)"]
     one = nb.results["recommender_plans"]["next year's model, 8 x A100 (1 node)"]
     four = nb.results["recommender_plans"]["next year's model, 32 x A100 (4 nodes)"]
-    assert days["next year's model, 32 x A100 (4 nodes)"] > 0.9 * days[
-        "next year's model, 8 x A100 (1 node)"]
-    assert four["compute_s"] < one["compute_s"]
-    assert four["exposed_comm_s"] > one["exposed_comm_s"]
+    # "four times the GPUs finish only slightly sooner": faster, by less than 1.5x
+    assert one_days / 1.5 < four_days < one_days
+    assert 4 * four_days > 2.5 * one_days  # "well over twice the GPU-hours"
+    # "the computation of a step shrinks far less than fourfold"
+    assert one["compute_s"] / 2 < four["compute_s"] < one["compute_s"]
+    assert four["exposed_comm_s"] > one["exposed_comm_s"]  # "the communication ... grows"
 
 
 def test_a_decoders_projection_starts_at_the_sustained_matmul_rate_costs_come_on_top(nb):
@@ -68,12 +73,14 @@ def test_a_decoders_projection_starts_at_the_sustained_matmul_rate_costs_come_on
         assert row["fits"] and 0.3 < row["mfu"] < sustained, name
 
 
-def test_three_megatron_style_runs_within_25_percent_the_fsdp_run_projected_faster(nb):
+def test_published_runs_projected_faster_than_they_ran_the_a100_runs_most(nb):
     rows = {row["run"]: row for row in nb.results["published"]}
     assert len(rows) == 4 and all(row["fits"] for row in rows.values())
-    fsdp = rows.pop("torchtitan_8B_fsdp8")
-    assert all(abs(row["error"]) < 0.25 for row in rows.values()), rows
-    assert fsdp["error"] > 0  # "it projects that run faster than it ran"
+    assert all(0 < row["error"] < 0.25 for row in rows.values()), rows  # all optimistic
+    a100 = {name for name in rows if plan.published.run(name).gpu.startswith("A100")}
+    assert len(a100) == 2, a100  # Korthikanti's and BLOOM's
+    assert min(rows[n]["error"] for n in a100) > max(
+        row["error"] for name, row in rows.items() if name not in a100)
 
 
 def test_a_group_stays_in_the_node_while_it_and_the_dimensions_inside_it_fit_in_one(nb):

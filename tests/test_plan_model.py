@@ -41,7 +41,7 @@ def test_projected_data_parallel_latency_grows_with_ranks():
     cluster = plan.GPUCluster("H100", nodes=2)
     p = plan.project(GPT_7B, Layout(dp=16), cluster, global_batch=16)
     calls, nbytes = p.costs.comm[("dp", "all_reduce")]
-    alpha, bandwidth = cluster.link(True)
+    alpha, bandwidth = cluster.link(True, 16, "all_reduce", per_node=8)  # 8 NICs a node
     assert p.comm_s["dp"] == pytest.approx(calls * 30 * alpha + 2 * 15 / 16 * nbytes / bandwidth)
 
 

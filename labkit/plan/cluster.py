@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from labkit.plan.hardware import GPU, gpu
+from labkit.plan.hardware import GPU, NIC_EFFICIENCY, gpu
+
+# collectives NCCL runs as rings, which cross a node boundary at a few GPUs per channel
+RINGS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,24 @@ class GPUCluster:
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
-    def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce"
-             ) -> tuple[float, float]:
+    def link(self, spans_nodes: bool, group: int = 2, kind: str = "all_reduce",
+             per_node: int = 1) -> tuple[float, float]:
         """(alpha seconds per ring step, bandwidth bytes/s) of the link a ``kind`` collective
-        over ``group`` GPUs uses: the network's NICs, or the node's GPU links at the rate NCCL
-        was measured to reach on them (``GPU.achieved_bandwidth``)."""
-        if spans_nodes:
-            return self.alpha_s[1], self.inter_node_bandwidth
+        over ``group`` GPUs uses: the node's GPU links at the rate NCCL was measured to reach
+        on them (``GPU.achieved_bandwidth``), or the network at the fraction of its NICs' rate
+        NCCL was measured to reach over nodes (``NIC_EFFICIENCY``). A group with ``per_node``
+        members in each node crosses it on that many NICs at once (NCCL's channels cross the
+        node boundary at different GPUs: Bekman, ml-engineering network/README.md, 'Inter-node
+        speed depends on intra-node speed', where one GPU's NIC carrying the whole payload is
+        "the arithmetic to avoid", 3.9x off a measured 32-rank all-reduce), and never faster
+        than the ring's hops inside the node. That holds for the ring collectives
+        (``RINGS``); in a send or an all-to-all every GPU's own bytes leave on its own NIC."""
+        nic = self.inter_node_bandwidth * NIC_EFFICIENCY
+        if spans_nodes and kind in RINGS and per_node > 1:
+            return self.alpha_s[1], min(per_node * nic,
+                                        self.gpu.achieved_bandwidth(per_node, kind))
+        if spans_nodes:  # a send, an all-to-all: each GPU's own bytes leave on its own NIC
+            return self.alpha_s[1], nic
         return self.alpha_s[0], self.gpu.achieved_bandwidth(group, kind)
 
     def replace(self, **changes) -> GPUCluster:

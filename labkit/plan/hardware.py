@@ -8,10 +8,12 @@ is 50 GB/s each way. Where a datasheet gives a figure only "with sparsity", the 
 is half of it (the datasheets' own footnote). Where a figure is not in a vendor datasheet
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
 so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
-keeps the fraction of its bf16 peak that matmuls sustain, from a published microbenchmark
-(``matmul_efficiency``, ``MAMF_SOURCE``): the compute rate the time model charges; and the
-fraction of its GPU links' rate NCCL's collectives reach on them, measured with nccl-tests
-(``link_efficiency``, ``LINK_SOURCE``): the rate a collective inside a node is charged.
+keeps the fraction of its bf16 peak that matmuls reach, from a published microbenchmark
+(``matmul_efficiency``, ``MAMF_SOURCE``; the sustained rate where one is published): the
+compute rate the time model charges; and the fraction of its GPU links' rate NCCL's
+collectives reach on them, measured with nccl-tests (``link_efficiency``, ``LINK_SOURCE``):
+the rate a collective inside a node is charged. A collective between nodes is charged at
+``NIC_EFFICIENCY`` of the NICs' rate.
 
 ``labkit.plan.GPUCluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
 (``cluster.py``); this machine's own figures are measured (``labkit.plan.calibrate``) and form
@@ -43,22 +45,30 @@ SMI_SOURCE = "nvidia-smi memory.total, modal-labs/modal-client PR #2797"
 # 8-GPU machines (read 2026-12-01; the same figure on every GPU of a machine and across logs)
 SMI_PUBLIC = "nvidia-smi memory.total as printed in public logs (read 2026-12-01):"
 ACCESSED = "2026-12-01"  # the date the datasheets below were read for this table
-# Achievable matmul efficiency: the bf16 matmul TFLOP/s a GPU sustains over a step (its clock
-# settled at the power limit), over the datasheet peak. Stas Bekman's ml-engineering measures
-# both the best burst ("Maximum Achievable Matmul FLOPS", MAMF, at the boost clock) and the
-# sustained rate (MSMF, at the saturated clock): compute/accelerator/README.md and
-# compute/accelerator/benchmarks/README.md (mamf-finder.py; read 2026-12-01). Sustained:
-# * H100/H200 SXM (one die, 700 W): H200 MSMF 702.9 of 989 (torch nightly, CUDA 13; MAMF
-#   828.0); the H100's own MAMF is 792.1 (CUDA 12.1).
-# * B200: MSMF 1455.7 of 2250 (torch 2.13, CUDA 13).
-# * A100 SXM: MAMF 267.9 of 312 (CUDA 12.1) at the 1410 MHz boost, scaled to the 1305 MHz
-#   NVIDIA quotes as the clock an A100 sustains at its power limit in dense matmul work (its
-#   HPL Rpeak: G. Lockwood, glennklockwood.com/garden/peak-FLOPS): 267.9 x 1305 / 1410.
-# * MI300X: MAMF 781.9 of 1300 (ROCm 6.2; AMD's MI300X shows no boost burst, per the page).
-# Where nothing is measured the row keeps MATMUL_UNMEASURED, a named assumption, and says so.
-MAMF_SOURCE = "ml-engineering MAMF/MSMF tables (Bekman), compute/accelerator/README.md"
-A100_SUSTAINED = 267.9 * 1305 / 1410 / 312
-H100_SUSTAINED = 702.9 / 989
+# Achievable matmul efficiency: the bf16 matmul TFLOP/s a GPU sustains over a step, over the
+# datasheet peak. Stas Bekman's ml-engineering (github.com/stas00/ml-engineering) measures it
+# with mamf-finder.py, read 2026-12-03:
+# * H100/H200 SXM and B200: the sustained rate (MSMF: a matmul holding the GPU at its power
+#   limit, the clock settled) is published only on the repository's unmerged branch
+#   `fast-mamf` (commit 082816f, 2026-08-10), compute/accelerator/benchmarks/README.md, 'What
+#   we measured: alone vs all-8 concurrent': bf16 MSMF with all 8 GPUs of the node busy
+#   (n=40, the case the page says "a full-node training run will see"): H200 698.6 of 989,
+#   B200 1426.4 of 2250 (torch 2.13/2.14, CUDA 13). The H100 SXM takes the H200's figure: one
+#   die at the same 700 W, and master's MAMF table says of its H100 row "H200 is the same".
+# * A100 SXM and MI300X: master (commit 744d01e, 2026-08-22), compute/accelerator/README.md,
+#   'Maximum Achievable Matmul FLOPS comparison table', gives only MAMF, the best short burst
+#   at the boost clock: A100 SXM 271.2 of 312 (torch 2.6, CUDA 12.6), MI300X 668.4 of 1300
+#   (ROCm 6.3, tunable ops on). No sustained figure is published for them; on the H200 and
+#   B200, MAMF sits "~15-20% above MSMF" (fast-mamf's README), so these two rows are likely
+#   optimistic. No clock scaling is applied: no source gives the clock an A100's
+#   bf16 matmuls settle at (the 1305 MHz of its HPL Rpeak is the clock of an fp64 benchmark).
+MAMF_SOURCE = ("ml-engineering (Bekman): MSMF, branch fast-mamf 082816f, "
+               "compute/accelerator/benchmarks/README.md; MAMF, master 744d01e, "
+               "compute/accelerator/README.md")
+A100_MAMF = 271.2 / 312  # MAMF: no sustained figure published
+H100_SUSTAINED = 698.6 / 989  # H200 MSMF, all 8 GPUs busy
+B200_SUSTAINED = 1426.4 / 2250  # MSMF, all 8 GPUs busy
+MI300X_MAMF = 668.4 / 1300  # MAMF: no sustained figure published
 MATMUL_UNMEASURED = 0.5
 # A fused attention kernel is not a matmul: FlashAttention-2 (PyTorch SDPA's flash backend,
 # flash-attn 2) reaches "only 35% utilization" of the H100's bf16 peak (Shah et al. 2024,
@@ -80,7 +90,7 @@ OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized)
 # What NCCL achieves over a node's GPU links, over their one-direction spec: nccl-tests' bus
 # bandwidth (busbw: the rate a ring's time model divides by, labkit.runtime.costs.ring_share)
 # and nvbandwidth's pairwise copy, at 16 GiB (Bekman, ml-engineering network/README.md,
-# sections 'NVLink', 'SHARP' and 'Intra-node networking'; read 2026-12-01):
+# sections 'NVLink', 'SHARP' and 'Intra-node networking'; master 744d01e, read 2026-12-03):
 # * NVLink 4 (8x H200 on NVSwitch, the H100's fabric): ring all-reduce 367.2 (NVLS off),
 #   all-gather 361.4, reduce-scatter 362.9 GB/s of 450; a pairwise copy 396.4.
 # * NVLink 3 (8x A100): all-reduce 234.89 of 300. NVLink 5 (8x B200): ring all-reduce 682.2
@@ -88,14 +98,25 @@ OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized)
 # A kind a row does not list takes its ring all-reduce's fraction (the same ring: on NVLink 4
 # the three collectives land within 2%). NCCL's NVLS all-reduce (NVLink SHARP: 480 GB/s
 # busbw on 8 H200s) is not assumed: all-reduce only, over more than 4 GPUs of an NVSwitch
-# node, NCCL >= 2.17. The network between nodes is charged at its NICs' rate (no measurement
-# of a node's NICs under NCCL is published beside these).
+# node, NCCL >= 2.17.
+# Between nodes, the one published measurement of NCCL over a node's NICs (same README,
+# 'Inter-node speed depends on intra-node speed', torch 2.9.1, NCCL 2.27.7; read 2026-12-03):
+# a 16 GiB all-reduce over 4 P6-B200 nodes (8 GPUs each, 8x 50 GB/s EFA v4) reaches 381.80
+# GB/s busbw. A ring over nodes with 8 members in each is charged on the node's 8 NICs (400
+# GB/s: ``GPUCluster.link``), so on that model NCCL reached 381.80 / 400 of the NICs' rate,
+# the figure charged on every network link (as NVLink 4's is on the H100's). The README's
+# "~73% of wire rate" is the same run counted the hierarchical way (only the 0.75 GiB shard
+# of a 4 GiB payload crosses each NIC); charged on the ring's bytes it would make that
+# measured all-reduce 29% slower than it ran. The page warns the figure is a property of that
+# node type.
+NIC_EFFICIENCY = 381.80 / (8 * 50)
 NVLINK4 = (("all_reduce", 367.2 / 450), ("all_gather", 361.4 / 450),
            ("reduce_scatter", 362.9 / 450), ("send", 396.4 / 450))
 NVLINK3 = (("all_reduce", 234.89 / 300),)
 NVLINK5 = (("all_reduce", 682.2 / 900),)
 INFINITY_FABRIC = (("all_reduce", 312.912 / (7 * 64)),)
-LINK_SOURCE = "ml-engineering network/README.md (Bekman): nccl-tests busbw, nvbandwidth"
+LINK_SOURCE = ("ml-engineering network/README.md (Bekman; master 744d01e): nccl-tests busbw, "
+               "nvbandwidth, all_reduce_bench.py over 4 B200 nodes")
 
 
 @dataclass(frozen=True)
@@ -203,14 +224,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (40 GiB). SXM4. NVLink 600 GB/s both directions. DGX A100: 8 "
         "GPUs, 8x 200 Gb/s HDR IB "
-        "(25 GB/s per GPU). Matmuls: the A100 SXM sustained rate. Links: NCCL's measured "
+        "(25 GB/s per GPU). Matmuls: the A100 SXM's MAMF (A100_MAMF). Links: NCCL's measured "
         "all-reduce on NVLink 3 (NVLINK3).",
-        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3),
+        matmul_efficiency=A100_MAMF, link_efficiency=NVLINK3),
     GPU("A100-80GB", 81920 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB.",
-        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3),
+        matmul_efficiency=A100_MAMF, link_efficiency=NVLINK3),
     GPU("H100", 81559 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
         "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
@@ -246,7 +267,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "8 TB/s; DGX B200 lists 1440 GB for 8 GPUs (180 GB each; 192 GB is the chip). NVLink 5 "
         "1.8 TB/s both directions; 8x 400 Gb/s ConnectX-7. UNSURE: some pages quote 75 TFLOPS "
         "fp32. Matmuls: the B200's sustained rate (MSMF). Links: NVLINK5.",
-        matmul_efficiency=1455.7 / 2250, link_efficiency=NVLINK5),
+        matmul_efficiency=B200_SUSTAINED, link_efficiency=NVLINK5),
     GPU("MI300X", 192 * GiB, 1307.4 * TFLOPS, 163.4 * TFLOPS, 5300 * GB, 8, 64 * GB, 50 * GB,
         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
         "192 GB read as 192 GiB (8 HBM3 stacks of 24 GiB). Dense BF16 1307.4 TFLOPS (2614.9 "
@@ -254,8 +275,8 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "each both directions (64 GB/s each way), one to each peer of the 8-GPU platform (no "
         "switch): a GPU reaches ONE peer at 64 GB/s and a collective over g GPUs uses g-1 "
         "links (all 8: 448 GB/s each way). 400 Gb/s per GPU is the usual platform network, "
-        "NOT in AMD's datasheet. Matmuls: MAMF (ROCm 6.2). Links: INFINITY_FABRIC (8 GPUs).",
-        peer_links=7, matmul_efficiency=781.9 / 1300, link_efficiency=INFINITY_FABRIC),
+        "NOT in AMD's datasheet. Matmuls: MAMF (ROCm 6.3). Links: INFINITY_FABRIC (8 GPUs).",
+        peer_links=7, matmul_efficiency=MI300X_MAMF, link_efficiency=INFINITY_FABRIC),
 )}
 
 

@@ -3,7 +3,8 @@
     step = compute + exposed communication + pipeline bubble
 
 * compute: FLOPs / (peak x efficiency) + memory-bound bytes / memory bandwidth. Efficiency is
-  the GPU's sustained matmul rate over its peak, from a microbenchmark (``hardware.py``:
+  the GPU's matmul rate over its peak, from a microbenchmark (sustained where published;
+  ``hardware.py``:
   ``GPU.matmul_efficiency``; measured matmuls on this machine), never an end-to-end MFU:
   everything else below is charged on top of it. A fused attention kernel runs at its own
   published rate (FlashAttention-2: 35% of an H100's peak; ``GPU.flash_attention_efficiency``).
@@ -13,7 +14,9 @@
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.runtime.costs.ring_share``), on the link its group
   uses: a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
-  node) uses the node's GPU links, any other the network.
+  node) uses the node's GPU links, any other the network (at ``NIC_EFFICIENCY`` of its NICs'
+  rate): a ring collective on as many NICs as the group has members in a node
+  (``members_per_node``; ``GPUCluster.link``).
 * overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
   backward (buckets), so only what outlasts backward is exposed, and never less than its last
   bucket (Megatron 2021 and DeepSpeed's pipeline reduce after backward: exposed whole);
@@ -66,8 +69,15 @@ def spans_nodes(layout: Parallelism, dim: str, gpus_per_node: int) -> bool:
     return span > gpus_per_node or gpus_per_node % span != 0
 
 
+def members_per_node(layout: Parallelism, dim: str, gpus_per_node: int) -> int:
+    """Members of one ``dim`` group that share a node (ranks numbered tp innermost)."""
+    order = list(MESH_ORDER)
+    stride = math.prod(getattr(layout, d) for d in order[order.index(dim) + 1:])
+    return max(1, min(getattr(layout, dim), gpus_per_node // stride))
+
+
 def _collective_s(cluster: GPUCluster, kind: str, group: int, calls: int, nbytes: float,
-                  spans: bool) -> float:
+                  spans: bool, per_node: int = 1) -> float:
     """``calls`` collectives moving ``nbytes`` in all: each pays alpha per ring step
     (``labkit.runtime.costs.collective_seconds``), the bytes pay the bandwidth once."""
     fitted = getattr(cluster, "measured_links", None)
@@ -75,7 +85,7 @@ def _collective_s(cluster: GPUCluster, kind: str, group: int, calls: int, nbytes
         fit = fitted.get(kind) or fitted["all_reduce"]
         alpha, bandwidth = fit.latency_per_step, fit.bandwidth
     else:
-        alpha, bandwidth = cluster.link(spans, group, kind)
+        alpha, bandwidth = cluster.link(spans, group, kind, per_node)
     return calls * ring_steps(kind, group) * alpha + ring_share(kind, group) * nbytes / bandwidth
 
 
@@ -211,7 +221,8 @@ def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict]:
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
         links[dim] = "network" if spans else "in-node"
-        t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans)
+        t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans,
+                          members_per_node(layout, dim, cluster.gpus_per_node))
         busy[dim] = busy.get(dim, 0.0) + t
         if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
             critical[dim] = critical.get(dim, 0.0) + t

@@ -14,8 +14,10 @@ from labkit.plan.parallelism import Parallelism
 from labkit.runtime.memory.units import format_bytes
 
 ASSUMPTIONS = (
-    "compute runs at the GPU's sustained matmul rate (a microbenchmark's, hardware.py; "
-    "measured matmul throughput on this machine); bandwidth-bound work, exposed "
+    "compute runs at the GPU's matmul rate (a microbenchmark's, hardware.py: sustained at the "
+    "power limit for H100/H200/B200, a boost-clock burst for A100/MI300X, where no sustained "
+    "figure is published; measured matmul throughput on this machine); bandwidth-bound work, "
+    "exposed "
     "communication and the bubble are added on top",
     "a fused attention kernel runs at its published rate where the framework calls "
     "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
@@ -28,7 +30,9 @@ ASSUMPTIONS = (
     "collectives follow alpha per ring step (2(N-1) for AllReduce, N-1 for all-gather and "
     "reduce-scatter) + bytes a rank sends on a ring / link bandwidth; a group inside a node "
     "uses the GPU links at the rate NCCL was measured to reach on them (nccl-tests busbw: "
-    "80-82% of NVLink 4, 78% of NVLink 3), a group across nodes the network at its NICs' rate",
+    "80-82% of NVLink 4, 78% of NVLink 3), a group across nodes the network at 95% of its "
+    "NICs' rate (NCCL over 4 B200 nodes), a ring on as many NICs as the group has members in "
+    "a node",
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
     "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
     "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
