@@ -103,18 +103,6 @@ def test_bucket_hook_does_not_trust_the_ranks_reference(two):
     assert not found.passed and "differ from one device's" in found.summary, str(found)
 
 
-def malformed_gradients(ctx, model):
-    import labkit.lessons.data_parallel.check as check
-
-    check._grads = lambda model: ["not a gradient"]  # a report the check never writes
-    _dummy_all_reduce()
-
-
-def test_a_malformed_report_is_a_failure_not_a_crash(two):
-    found = labkit.check.average_gradients(two, malformed_gradients)
-    assert not found.passed and "does not write" in found.summary, str(found)
-
-
 # ----- 03: one device's gradients, scaled to match unscaled micro-batch losses -----------------
 def unscaled_but_reference_scaled(ctx, stage, inputs, targets, micro_batches, activation_shape):
     """GPipe's schedule without the 1/micro_batches scale (gradients micro_batches x one
@@ -178,6 +166,36 @@ class ShardsWithoutSharing:
 def test_zero1_check_does_not_trust_the_ranks_reference(two):
     found = labkit.check.zero1(two, ShardsWithoutSharing)
     assert not found.passed and "receive the parameters their owner" in found.summary, str(found)
+
+
+# ----- reports the checks do not write -------------------------------------------------------
+def malformed_gradients(ctx, model):
+    import labkit.lessons.data_parallel.check as check
+
+    check._grads = lambda model: ["not a gradient"]  # a report the check never writes
+    _dummy_all_reduce()
+
+
+class MalformedState:
+    """A working ZeRO-1 whose rank reports Adam's state in words (the patch stays on the
+    ranks: this is the module's last use of its cluster)."""
+
+    def __init__(self, ctx, params, lr):
+        import labkit.lessons.sharding.check as check
+
+        check.MemoryTracker.live = lambda self: {"optimizer": "a lot"}
+        self.params, self.optimizer = params, torch.optim.Adam(params, lr=lr)
+
+    def step(self):
+        self.optimizer.step()
+        dist.broadcast(torch.zeros(1), src=0)
+
+
+def test_a_malformed_report_is_a_failure_not_a_crash(two):
+    found = labkit.check.average_gradients(two, malformed_gradients)
+    assert not found.passed and "does not write" in found.summary, str(found)
+    found = labkit.check.zero1(two, MalformedState)
+    assert not found.passed and "does not write" in found.summary, str(found)
 
 
 # ----- the grader's review column: labkit's own parallelisms ----------------------------------
