@@ -67,6 +67,9 @@ def test_the_hand_written_layers_are_what_trains(two):
     ({"layout": labkit.Layout(fsdp=2, tp=2)}, "does not compose with fsdp=2"),
     ({"layout": labkit.Layout(pp=2, tp=2)}, "does not compose with pp=2"),
     ({"layout": labkit.Layout(dp=2, tp=2)}, "dp=2 with dp_kind='ddp'"),
+    # an engine named without its dimension would still wrap the shards as whole weights
+    ({"layout": labkit.Layout(tp=4), "dp_kind": "ddp"}, "does not compose with dp_kind='ddp'"),
+    ({"layout": labkit.Layout(tp=4), "dp_kind": "fsdp"}, "does not compose with dp_kind='fsdp'"),
     ({"layout": labkit.Layout(tp=1, dp=4)}, "has tp=1"),
     ({"layout": labkit.Layout(tp=4), "checkpoint_dir": "ckpt"}, "leave out checkpoint_dir"),
 ])
