@@ -3,7 +3,10 @@
 Each test is named after the sentence of the lesson it protects; the notebook is executed
 once (tests/lessons.py) and every test here reads what it recorded. The speedup depends on the
 machine: the notebook prints it, and the floor asserted here is the one a quiet 2-core machine
-(CI) clears with margin, one CPU rank per core.
+(CI) clears with margin, one CPU rank per core. The notebook also measures whether the machine
+was quiet (its ceiling: N ranks computing at once against one); the claims that compare N
+ranks' times with one's are skipped, with the ceiling in the reason, when it was busy, and
+the lesson says so in its output.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import pytest
 from tests.lessons import COURSE, lesson_fixture
 
 SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
-QUIET = 0.9  # a machine is quiet when N ranks compute >= 0.9 N times one's work at once
-SHARE_OF_CEILING = 0.75  # on a busy machine, DDP gets at least this share of its ceiling
 
 
 nb = lesson_fixture("02_data_parallel")
@@ -61,10 +62,15 @@ def test_the_small_runs_spend_much_of_their_steps_averaging_the_gradient(nb):
     assert split["comm_s"] > 0.1 * split["step_s"]  # "much": a tenth or more (~30% quiet)
 
 
-def _quiet(results) -> bool:
-    """Whether the ranks had the machine to themselves: the lesson's own measurement of the
-    same computation on N ranks at once against one alone, made before the timed runs."""
-    return results["capacity"]["speedup"] >= QUIET * results["world_size"]
+def _needs_a_quiet_machine(results) -> None:
+    """Skip (with the measurement, shown in the test summary) a claim about how N ranks' times
+    compare with one's when the lesson found its machine busy: its ceiling, the same
+    computation on N ranks at once against one alone (``Capacity.busy``), measured before
+    the timed runs. The lesson then says so itself (``test_a_busy_machine_is_said_so``)."""
+    capacity = results["capacity"]
+    if capacity["busy"]:
+        pytest.skip(f"the machine was busy when the lesson ran: {results['world_size']} ranks "
+                    f"at once did {capacity['speedup']:.2f}x one rank's work")
 
 
 def test_the_ceiling_is_n_ranks_computing_at_once_against_one(nb):
@@ -72,36 +78,43 @@ def test_the_ceiling_is_n_ranks_computing_at_once_against_one(nb):
     assert capacity["world_size"] == n and capacity["products"] > 0
     assert capacity["speedup"] == pytest.approx(n * capacity["alone_s"] / capacity["together_s"])
     assert 0 < capacity["speedup"] <= 1.1 * n  # no more than N devices' work (and noise)
+    assert capacity["busy"] == (capacity["speedup"] < 0.9 * n)
+
+
+def test_a_busy_machine_is_said_so(nb):
+    """The ceiling's line, printed under the speedup, says "busy" exactly when it was."""
+    cell = nb.cells_with("parallel_capacity(one_gpu, gpus)")
+    assert len(cell) == 1
+    printed = "".join(o.get("text", "") for o in nb.cell(cell[0]).outputs)
+    assert "the ceiling on this machine now:" in printed
+    assert ("a busy machine" in printed) == nb.results["capacity"]["busy"]
 
 
 def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
     """The time wall's first half: compute-bound, N devices run a step >= 1.5x faster than one
-    (CPU ranks, one core each, on a quiet machine; on GPUs, faster than one device). Where
-    other programs had part of the cores (the lesson's ceiling below 0.9 N), DDP's speedup
-    must still be three quarters of that ceiling: the lesson prints both."""
+    (CPU ranks, one core each, on a quiet machine; on GPUs, faster than one device)."""
     results = nb.results
     one, ddp, _ = _names(results)
-    speedup, ceiling = results["speedup"], results["capacity"]["speedup"]
+    speedup = results["speedup"]
     assert speedup == pytest.approx(results["step_ms"][one] / results["step_ms"][ddp])
-    if results["device"] != "cpu":
-        floor = 1.0
-    else:
-        floor = SPEEDUP_FLOOR if _quiet(results) else SHARE_OF_CEILING * ceiling
-    assert speedup >= floor, (f"{speedup:.2f}x on {results['world_size']} ranks, the "
-                              f"machine's ceiling {ceiling:.2f}x")
+    _needs_a_quiet_machine(results)
+    floor = SPEEDUP_FLOOR if results["device"] == "cpu" else 1.0
+    assert speedup >= floor, f"{speedup:.2f}x on {results['world_size']} ranks"
 
 
 def test_the_allreduce_adds_an_orange_sliver(nb):
     _, ddp, _ = _names(nb.results)
     split = nb.results["split"][ddp]
-    share = 0.15 if _quiet(nb.results) else 0.3  # 3-7% quiet; a rank lagging on a busy core
-    assert 0 <= split["comm_s"] < share * split["step_s"]  # waits in the AllReduce
+    assert 0 <= split["comm_s"]
+    _needs_a_quiet_machine(nb.results)  # a rank lagging on a shared core waits in it
+    assert split["comm_s"] < 0.15 * split["step_s"]  # 3-7% quiet
 
 
 def test_taking_turns_takes_about_as_long_as_the_whole_batch_on_one_device(nb):
     one, ddp, turns = _names(nb.results)
     step_ms = nb.results["step_ms"]
     assert step_ms[turns] > 0.8 * step_ms[one]  # no faster than the whole batch at once
+    _needs_a_quiet_machine(nb.results)
     assert step_ms[turns] > step_ms[ddp]  # speed comes from computing at the same time
 
 
@@ -168,8 +181,9 @@ def _divided_share(point, n):
 
 def test_at_the_smallest_batch_the_divided_computation_is_only_a_small_part_of_the_step(nb):
     points, n = nb.results["walk"]["points"], nb.results["world_size"]
-    assert _divided_share(points[0], n) > 0.6  # at the compute-bound start, most of it
     assert _divided_share(points[-1], n) < 0.4
+    _needs_a_quiet_machine(nb.results)
+    assert _divided_share(points[0], n) > 0.6  # at the compute-bound start, most of it
 
 
 def test_the_model_falls_with_the_measurement_though_not_as_far(nb):
@@ -186,8 +200,8 @@ def test_weak_scaling_stays_above_strong_scaling(nb):
     n, batch = str(results["world_size"]), results["weak_batch"]
     assert results["strong"][n] == pytest.approx(_walk(results)[batch]["speedup"])
     assert results["strong"][n] < 1.0  # "where strong scaling no longer paid"
-    margin = 0.1 if _quiet(results) else 0.0  # a busy machine slows both lines' ranks
-    assert results["weak"][n] > results["strong"][n] + margin  # "its line stays above"
+    _needs_a_quiet_machine(results)
+    assert results["weak"][n] > results["strong"][n] + 0.1  # "its line stays above"
 
 
 def _defining(nb, name: str) -> str:

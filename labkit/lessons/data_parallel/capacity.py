@@ -20,6 +20,7 @@ import torch
 SIZE = 256  # a matrix product of SIZE x SIZE float32: about a millisecond on one core
 TARGET_S = 0.25  # how long the computation runs on one rank alone
 ROUNDS = 2  # alone, together, alone, together: the best of each, past a moment's noise
+QUIET = 0.9  # N ranks doing >= 0.9 N times one's work at once: the machine is theirs
 
 
 @dataclass(frozen=True)
@@ -38,13 +39,20 @@ class Capacity:
     def speedup(self) -> float:
         return self.world_size * self.alone_s / self.together_s
 
+    @property
+    def busy(self) -> bool:
+        """Whether the ranks shared their cores with other work (below ``QUIET`` x N)."""
+        return self.speedup < QUIET * self.world_size
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "speedup": self.speedup}
+        return {**asdict(self), "speedup": self.speedup, "busy": self.busy}
 
     def __str__(self) -> str:
         return (f"{self.world_size} ranks at once do {self.speedup:.2f}x one rank's work in "
                 f"the same time ({self.products} products of {SIZE}x{SIZE}: "
-                f"{self.alone_s * 1e3:.0f} ms alone, {self.together_s * 1e3:.0f} ms together)")
+                f"{self.alone_s * 1e3:.0f} ms alone, {self.together_s * 1e3:.0f} ms together)"
+                + (": a busy machine, whose cores other work shares, and so do the times "
+                   "measured on it" if self.busy else ""))
 
 
 def _products(ctx, count: int) -> float:
