@@ -7,11 +7,13 @@ Each pair trains the same run twice, labkit's hand-written schedule
 (``labkit/parallel/pipeline/naive.py``) and torch.distributed.pipelining's
 (``ScheduleGPipe``, ``Schedule1F1B``), timed by the same timeline (each stage's forward and
 backward chunks). The runs of a round are interleaved, so that a busy moment of the machine
-falls on both. Per run the bubble is ``measured_bubble`` (the median over the steps after
-the first); per schedule, the median over rounds and the spread (largest minus smallest);
-per pair, the gap (hand-written minus torch's) round by round, its median and its range,
-which say how far apart the two are against the noise. All on 2 CPU ranks (one core each)
-with a compute-dominated MLP. The last line printed is one JSON object of the figures.
+falls on both, and which of a pair runs first alternates from round to round, so that
+neither is always the one that runs after a switch of schedule or as the load drifts. Per
+run the bubble is ``measured_bubble`` (the median over the steps after the first); per
+schedule, the median over rounds and the spread (largest minus smallest); per pair, the gap
+(hand-written minus torch's) round by round, its median and its range, which say how far
+apart the two are against the noise. All on 2 CPU ranks (one core each) with a
+compute-dominated MLP. The last line printed is one JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def _rounds(cluster, pairs, rounds: int, steps: int) -> dict[tuple, dict[str, li
     config = labkit.TrainConfig(model=MODEL, global_batch=BATCH, steps=steps,
                                 optimizer="sgd", layout=Layout(pp=cluster.world_size))
     runs = {pair: {name: {"bubble": [], "step_s": []} for name in pair[1:]} for pair in pairs}
-    for _ in range(rounds):
+    for round_index in range(rounds):
         for pair in pairs:
             m, *names = pair
-            for name in names:
+            for name in names if round_index % 2 == 0 else names[::-1]:
                 report = labkit.train(cluster, config, schedule=name, micro_batches=m,
                                       estimate=False)
                 runs[pair][name]["bubble"].append(measured_bubble(report))

@@ -65,6 +65,11 @@ def test_1f1b_holds_fewer_activations_than_gpipe(nb):
     assert activations["1f1b"] < 0.75 * activations["gpipe"]
 
 
+def test_the_hand_written_1f1bs_bubble_comes_out_near_torchs(nb):
+    bubble = nb.results["bubble"]
+    assert abs(bubble["hand_1f1b"] - bubble["1f1b"]) < 0.2  # bench: +0.00 to +0.08, by load
+
+
 def test_the_measured_bubble_is_not_below_the_formulas(nb):
     """"Where the measured bubble is larger...": sends and unequal stages only add idle time."""
     bubble, theory = nb.results["bubble"], nb.results["theory"]

@@ -155,3 +155,21 @@ def test_the_observed_ring_runs_ring_forwards_own_code(two):
     for rank, result in enumerate(two.run(_observed_against_plain)):
         assert result["equal"] and result["merge_used"]
         assert result["steps"] == [(0, rank), (1, 1 - rank)]
+
+
+def test_the_observed_ring_refuses_a_wrapped_ring_forward(monkeypatch):
+    """A decorated or patched ring_forward calls the original from its own code, which the
+    swap of names would miss (an empty schedule, labkit's merge): refused, not run."""
+    import functools
+
+    from labkit.parallel.context import observe, ring
+
+    original = ring.ring_forward
+
+    @functools.wraps(original)
+    def wrapped(*args):
+        return original(*args)
+
+    monkeypatch.setattr(ring, "ring_forward", wrapped)
+    with pytest.raises(RuntimeError, match="renamed, or wrapped"):
+        observe.observed_ring_forward(None, None, None, None, True, schedule=[])

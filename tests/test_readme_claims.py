@@ -93,6 +93,28 @@ def test_quick_launch_bench_stays_within_the_machine():
     assert launch.rank_counts(quick=False) == (1, 2, 4, 8)
 
 
+def test_pipeline_bench_alternates_which_schedule_of_a_pair_runs_first(monkeypatch):
+    """bench/pipeline_schedules.py: hand-written and torch's take turns to run first, round
+    by round, so that the gap between them is not the order they ran in (its runs are faked
+    here: only the order of the calls is looked at)."""
+    bench = _module("bench/pipeline_schedules.py")
+    calls = []
+
+    class Report:
+        median_step_s = 0.1
+
+    def train(cluster, config, schedule, micro_batches, estimate):
+        calls.append(schedule)
+        return Report()
+
+    monkeypatch.setattr(bench.labkit, "train", train)
+    monkeypatch.setattr(bench, "measured_bubble", lambda report: 0.5)
+    cluster = type("Cluster", (), {"world_size": 2})()
+    runs = bench._rounds(cluster, [(4, "naive_gpipe", "gpipe")], rounds=4, steps=2)
+    assert calls == ["naive_gpipe", "gpipe", "gpipe", "naive_gpipe"] * 2
+    assert runs[(4, "naive_gpipe", "gpipe")]["gpipe"]["bubble"] == [0.5] * 4
+
+
 @pytest.mark.parametrize("bench", ["launch", "memory", "sharding", "data_parallel",
                                    "model_parallel", "composed", "levers", "long_context",
                                    "comm_model", "pipeline_schedules"])

@@ -67,6 +67,9 @@ def test_the_hand_written_layers_are_what_trains(two):
     ({"layout": labkit.Layout(fsdp=2, tp=2)}, "does not compose with fsdp=2"),
     ({"layout": labkit.Layout(pp=2, tp=2)}, "does not compose with pp=2"),
     ({"layout": labkit.Layout(dp=2, tp=2)}, "dp=2 with dp_kind='ddp'"),
+    # an engine named without its dimension would still wrap the shards as whole weights
+    ({"layout": labkit.Layout(tp=4), "dp_kind": "ddp"}, "does not compose with dp_kind='ddp'"),
+    ({"layout": labkit.Layout(tp=4), "dp_kind": "fsdp"}, "does not compose with dp_kind='fsdp'"),
     ({"layout": labkit.Layout(tp=1, dp=4)}, "has tp=1"),
     ({"layout": labkit.Layout(tp=4), "checkpoint_dir": "ckpt"}, "leave out checkpoint_dir"),
 ])
@@ -98,3 +101,14 @@ def test_the_estimator_traces_the_hand_written_layers():
                                 global_batch=8, steps=2)
     naive = labkit.estimate_memory(config.replace(layout=config.layout, tp_kind="naive"), 2)
     assert naive.peak_bytes == labkit.estimate_memory(config, 2).peak_bytes > 0
+
+
+def test_the_engines_part_only_at_the_row_layers_bias(two):
+    """Notebook 04: DTensor's RowwiseParallel adds bias / N to each rank's partial sum before
+    the all-reduce, the hand-written layer the whole bias after it; without biases the two
+    engines train to the same losses bit for bit (with them, to float rounding)."""
+    config = labkit.TrainConfig(model=GPTConfig(n_layers=1, bias=False), global_batch=8,
+                                steps=3, lr=0.01, layout=labkit.Layout(tp=2))
+    dtensor = labkit.train(two, config, estimate=False)
+    naive = labkit.train(two, config, tp_kind="naive", estimate=False)
+    assert naive.losses == dtensor.losses and len(set(naive.losses)) > 1

@@ -23,12 +23,17 @@ _IN_CHECKER = False  # True in the checker's own process (mark_checker_process)
 
 # What an answer has no need of, and a forgery does: labkit's checks and their counters (some
 # of a check's measurements are made on the ranks, where the answer runs), and ways to reach
-# them indirectly.
-SUSPECT = re.compile(r"labkit\.(?:check|comm|classroom|cluster|lessons|runtime)[\w.]*|"
+# them indirectly; and labkit's own parallelisms and training engines (its tensor-parallel
+# plans, its FSDP and ZeRO), which do what an exercise asks the learner to write with torch.
+# The notebooks hand out a few of labkit's pieces in an answer cell's given code (04: Megatron's
+# f and g as autograd functions); importing those alone is not flagged.
+GIVEN = {("labkit.parallel.tensor", "copy_to_parallel_region"),
+         ("labkit.parallel.tensor", "reduce_from_parallel_region")}
+_LABKIT = r"check|comm|classroom|cluster|lessons|runtime|parallel|training|train|script|models"
+SUSPECT = re.compile(rf"labkit\.(?:{_LABKIT})[\w.]*|"
                      r"\b(?:gc|inspect|importlib|ctypes|builtins)\b|_getframe|"
                      r"\bf_(?:locals|back|globals)\b|__import__|sys\.modules|\bTraffic\b|"
-                     r"\bCollectiveMeter\b|from\s+labkit\s+import[^\n]*\b(?:check|comm|"
-                     r"classroom|cluster|lessons|runtime)\b")
+                     rf"\bCollectiveMeter\b|from\s+labkit\s+import[^\n]*\b(?:{_LABKIT})\b")
 
 
 def review_notes(source: str) -> list[str]:
@@ -36,9 +41,27 @@ def review_notes(source: str) -> list[str]:
     what a check measures is measured on the ranks, in the learner's process (not the ring
     check's inputs and bytes: ``labkit/lessons/exercise/outside.py``), so an answer that
     reaches into labkit's checks or counters (or into frames, modules, the garbage
-    collector) can make them see what it wants. A flag, never a verdict; an obfuscated
+    collector) can make them see what it wants; and an answer that calls labkit's own
+    parallelisms or training (``labkit.parallel``, ``labkit.train``) passes an exercise
+    without writing the torch code it asks for. A flag, never a verdict; an obfuscated
     forgery can avoid it."""
-    return list(dict.fromkeys(SUSPECT.findall(source)))
+    return list(dict.fromkeys(SUSPECT.findall(_without_given_imports(source))))
+
+
+def _without_given_imports(source: str) -> str:
+    """``source`` less its ``from labkit... import`` statements that import only ``GIVEN``
+    names (unchanged if it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if isinstance(node, ast.ImportFrom) and node.names and all(
+                (node.module, alias.name) in GIVEN and alias.asname in (None, alias.name)
+                for alias in node.names):
+            lines[node.lineno - 1:node.end_lineno] = ["\n"]
+    return "".join(lines)
 
 
 class AnswerOnHost(RuntimeError):

@@ -87,6 +87,8 @@ def _check_tp_kind(layout: Layout, tp_kind: str, schedule, dp_kind, tables) -> N
     others += [f"tables={tables!r}"] if tables is not None else []
     if layout.dp > 1 and dp_kind != "naive":
         others.append(f"dp={layout.dp} with dp_kind={dp_kind or 'ddp'!r}")
+    elif dp_kind not in (None, "naive"):  # named without its dimension: still wraps them
+        others.append(f"dp_kind={dp_kind!r}")
     if others:
         raise ValueError(f"tp_kind='naive' splits the layers with labkit's hand-written "
                          f"Megatron layers, whose weights are plain tensors holding this "

@@ -231,7 +231,11 @@ def _lock_on_rank_0(config: TrainConfig):
 
 
 def main(args) -> int:
-    runs = _configs(args)  # bad arguments fail here, before any collective
+    try:
+        runs = _configs(args)  # bad arguments fail here, before any collective
+    except ValueError as error:
+        print(f"labkit train: {error}", file=sys.stderr)
+        return 2
     device = _device(args)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if args.kill_rank_at_step is not None:

@@ -3,15 +3,23 @@
 The learner writes ``predict_memory(config, batch)`` returning bytes for "parameters",
 "gradients", "optimizer" (Adam's state) and "activations" (what the forward pass keeps for the
 backward pass, batch and targets included) of a zoo MLP trained in float32 with Adam. The check
-calls it on a rank, then measures each category there with the suite's memory tracker at the
-moment it is largest: parameters after building, activations at the end of the forward pass
-(loss computed), gradients after backward, optimizer state after the step.
+calls it on a rank, for two fixed models and a third whose sizes are drawn for each run
+(``outside.fresh_seed``: a table of the first two's measurements does not pass), and sends back
+only what it returned. It measures each category itself, in its own process (on the CPU: the
+bytes of float32 tensors are the same on any device), never on the ranks, with the suite's
+memory tracker at the moment the category is largest: parameters after building, activations
+at the end of the forward pass (loss computed), gradients after backward, optimizer state
+after the step.
 """
 
 from __future__ import annotations
 
+import random
+
 import torch
 
+from labkit.lessons.exercise.outside import fresh_seed
+from labkit.lessons.exercise.reports import forged
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
@@ -34,15 +42,25 @@ HINTS = {
 }
 
 
-def _measure(ctx, config: MLPConfig, batch: int) -> dict:
-    tracker = MemoryTracker(ctx.rank)
+def drawn_case(seed: int) -> tuple[MLPConfig, int]:
+    """A model and batch drawn from ``seed``, in a range where the reference prediction is as
+    close as it is on ``CASES`` (the loss's extra (batch, d_out) tensor stays under 2%)."""
+    draw = random.Random(seed)
+    config = MLPConfig(d_in=draw.choice([16, 32, 48, 64]), d_hidden=draw.choice([128, 192, 256]),
+                       n_layers=draw.randint(3, 6), d_out=draw.choice([2, 4]))
+    return config, draw.choice([64, 128, 256, 512])
+
+
+def _measure(config: MLPConfig, batch: int) -> dict:
+    """The bytes of each category in one Adam step of ``config``, measured in this process."""
+    tracker, device = MemoryTracker(0), "cpu"
     with tracker:
-        model = build_model(config, ctx.device)
+        model = build_model(config, device)
     tracker.track_external(model)
     measured = {"parameters": tracker.live()["activations"] + tracker.live()["parameters"]}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     with tracker:
-        inputs, targets = (t.to(ctx.device) for t in make_batch(config, 0, batch))
+        inputs, targets = (t.to(device) for t in make_batch(config, 0, batch))
         base = tracker.live()["activations"] - inputs.nbytes - targets.nbytes
         loss = loss_fn(config)(model(inputs), targets)
         measured["activations"] = tracker.live()["activations"] - base
@@ -53,17 +71,23 @@ def _measure(ctx, config: MLPConfig, batch: int) -> dict:
     return measured
 
 
-def _job(ctx, fn) -> list[dict]:
-    out = []
-    for config, batch in CASES:
-        predicted = fn(config, batch)
-        out.append({"predicted": dict(predicted) if isinstance(predicted, dict) else predicted,
-                    "measured": _measure(ctx, config, batch) if ctx.rank == 0 else None})
-    return out
+def _job(ctx, fn, cases) -> list:
+    return [fn(config, batch) for config, batch in cases]
 
 
-def _compare(case: int, predicted, measured: dict) -> list[str]:
-    config, batch = CASES[case]
+def _number(value) -> float | None:
+    """``value`` as a number of bytes, or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many values
+        return None
+    return number if number == number else None  # NaN is no prediction
+
+
+def _compare(case: tuple[MLPConfig, int], predicted, measured: dict) -> list[str]:
+    config, batch = case
     where = f"for {config} with a batch of {batch}"
     if not isinstance(predicted, dict):
         return [f"predict_memory returned {type(predicted).__name__} {where}: return a dict "
@@ -73,28 +97,44 @@ def _compare(case: int, predicted, measured: dict) -> list[str]:
         return [f"the prediction {where} has no {', '.join(missing)}"]
     problems = []
     for category in CATEGORIES:
-        guess, real = float(predicted[category]), measured[category]
-        if abs(guess - real) > TOLERANCE[category] * real:
-            problems.append(f"{category}: you predicted {format_bytes(guess)}, the rank "
+        guess, real = _number(predicted[category]), measured[category]
+        if guess is None:
+            problems.append(f"the prediction of {category} {where} is "
+                            f"{type(predicted[category]).__name__}, not a number of bytes")
+        elif abs(guess - real) > TOLERANCE[category] * real:
+            problems.append(f"{category}: you predicted {format_bytes(guess)}, the check "
                             f"measured {format_bytes(real)} ({guess / real:.2f}x) {where}: "
                             f"{HINTS[category]}")
     return problems
 
 
+def _plain(predicted):
+    """A prediction as plain values, for the verdict's record."""
+    if not isinstance(predicted, dict):
+        return type(predicted).__name__
+    return {str(k): _number(v) for k, v in predicted.items()}
+
+
 def predict_memory(cluster, fn, timeout: float | None = None) -> CheckResult:
-    """Check ``fn(config, batch) -> {category: bytes}`` against measurements on rank 0."""
-    outcome = run_checked(cluster, EXERCISE, "predict_memory", _job, fn, timeout=timeout)
+    """Check ``fn(config, batch) -> {category: bytes}``, called on rank 0, against what this
+    process measures."""
+    cases = [*CASES, drawn_case(fresh_seed())]
+    outcome = run_checked(cluster, EXERCISE, "predict_memory", _job, fn, cases, timeout=timeout)
     if outcome.verdict:
         return outcome.verdict
-    cases = outcome.values[0]
-    problems = [p for i, c in enumerate(cases) for p in _compare(i, c["predicted"],
-                                                                   c["measured"])]
-    measured = {"cases": [{"predicted": c["predicted"], "measured": c["measured"]}
-                          for c in cases]}
+    predictions = outcome.values[0]
+    if not isinstance(predictions, list) or len(predictions) != len(cases):
+        return forged(EXERCISE, 0)
+    found = [(case, predicted, _measure(*case))
+             for case, predicted in zip(cases, predictions, strict=True)]
+    problems = [p for case, predicted, measured in found
+                for p in _compare(case, predicted, measured)]
+    measured = {"cases": [{"model": str(config), "batch": batch, "predicted": _plain(predicted),
+                           "measured": real} for (config, batch), predicted, real in found]}
     if problems:
         return failed(EXERCISE, problems[0], problems[1:], **measured)
-    return passed(EXERCISE, f"all four categories within tolerance on {len(CASES)} models "
+    return passed(EXERCISE, f"all four categories within tolerance on {len(cases)} models "
                   "(parameters and gradients 2%, optimizer and activations 5%).",
                   [f"{config}, batch {batch}: measured " + ", ".join(
-                      f"{k} {format_bytes(v)}" for k, v in c["measured"].items())
-                   for (config, batch), c in zip(CASES, cases, strict=True)], **measured)
+                      f"{k} {format_bytes(v)}" for k, v in real.items())
+                   for (config, batch), _, real in found], **measured)

@@ -9,19 +9,30 @@ each micro-batch's loss by 1/micro_batches, and return the batch's loss on rank 
 The check compares each stage's gradients with one device's on the whole batch, counts each
 stage's forward calls and the bytes sent, and times every forward and backward of each stage
 (module hooks) to measure the bubble beside (p-1)/(m+p-1).
+
+The weights and the batch come from seeds drawn for each run (``outside.fresh_seed``); rank 0
+receives only the inputs and rank 1 only the targets (``PerRank``), so neither can make the
+other's half of the work without receiving it. One device's loss and gradients are computed
+here, in the check's process, and compared here with the gradients and the loss the ranks
+send back. The forward calls, the bytes sent and the timings are the rank's word: counted on
+the rank, where the learner's code could change them.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
 from torch import nn
 
+from labkit.lessons.exercise import reports
+from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
 from labkit.lessons.exercise.wire import Traffic
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
 from labkit.parallel.pipeline.timeline import bubble_fraction, theoretical_bubble
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.memory import format_bytes
 
 EXERCISE = "pipeline_step"
@@ -68,29 +79,65 @@ def _backwards(begins: list, ends: list) -> list[dict]:
             for b, e in zip(sorted(begins), sorted(ends), strict=False)]
 
 
-def _job(ctx, fn) -> dict:
-    inputs, targets = (t.to(ctx.device) for t in make_batch(MODEL, 0, BATCH))
-    reference = build_model(MODEL, ctx.device)
-    full_loss = loss_fn(MODEL)(reference(inputs), targets)
-    full_loss.backward()
-    layers = list(build_model(MODEL, ctx.device).layers)
+def _stage(weights_seed: int, rank: int, device) -> nn.Sequential:
+    layers = list(build_model(MODEL, device, seed=weights_seed).layers)
     half = len(layers) // 2  # Linear, ReLU, Linear, ReLU | Linear, ReLU, Linear
-    stage = nn.Sequential(*(layers[:half] if ctx.rank == 0 else layers[half:]))
-    ref_stage = list(reference.layers)[:half] if ctx.rank == 0 else list(reference.layers)[half:]
+    return nn.Sequential(*(layers[:half] if rank == 0 else layers[half:]))
+
+
+class _Run:
+    """One check run's inputs, drawn here: the weights' seed and the batch (CPU)."""
+
+    def __init__(self):
+        self.weights_seed = fresh_seed()
+        # make_batch seeds a generator with seed * 1_000_003 + step: 39 bits keep it in 64
+        self.inputs, self.targets = make_batch(MODEL, 0, BATCH, seed=fresh_seed() >> 24)
+
+    def halves(self) -> PerRank:
+        """Rank 0's part of the batch (the inputs) and rank 1's (the targets)."""
+        return PerRank([(self.inputs, None), (None, self.targets)])
+
+    def reference(self) -> tuple[float, list[list[torch.Tensor]]]:
+        """One device's loss on the whole batch, and each stage's gradients."""
+        stages = [_stage(self.weights_seed, rank, "cpu") for rank in (0, 1)]
+        loss = loss_fn(MODEL)(stages[1](stages[0](self.inputs)), self.targets)
+        loss.backward()
+        return loss.item(), [[p.grad.clone() for p in stage.parameters()] for stage in stages]
+
+
+def _job(ctx, fn, weights_seed: int, half) -> dict:
+    inputs, targets = (None if t is None else t.to(ctx.device) for t in half)
+    stage = _stage(weights_seed, ctx.rank, ctx.device)
     events: list = []
     begins, ends = _timed(stage, events)
     shape = (BATCH // MICRO_BATCHES, MODEL.d_hidden)
     with Traffic() as traffic:
-        loss = fn(ctx, stage, inputs if ctx.rank == 0 else None,
-                  targets if ctx.rank == 1 else None, MICRO_BATCHES, shape)
+        loss = fn(ctx, stage, inputs, targets, MICRO_BATCHES, shape)
     events += _backwards(begins, ends)
-    grads = [(p.grad, r.grad) for p, r in zip(stage.parameters(),
-                                              nn.Sequential(*ref_stage).parameters(),
-                                              strict=True)]
-    return {"grads": [(None if g is None else g.cpu().clone(), r.cpu().clone())
-                      for g, r in grads],
+    return {"grads": [None if p.grad is None else p.grad.detach().cpu().clone()
+                      for p in stage.parameters()],
             "loss": float(loss) if ctx.rank == 1 and loss is not None else None,
-            "full_loss": full_loss.item(), "events": events, "traffic": traffic.to_dict()}
+            "events": events, "traffic": traffic.to_dict()}
+
+
+def _event(value) -> bool:
+    return (isinstance(value, dict) and value.get("kind") in ("F", "B")
+            and all(type(value.get(k)) is float for k in ("start", "end")))
+
+
+def _compared(ranks: list, reference: list[list[torch.Tensor]]) -> list[dict] | CheckResult:
+    """Each stage's report with its gradients paired with one device's, or the verdict on a
+    report the job does not write."""
+    for rank, (r, grads) in enumerate(zip(ranks, reference, strict=True)):
+        shapes = [tuple(g.shape) for g in grads]
+        if not reports.fields(r, {
+                "grads": lambda g, shapes=shapes: reports.tensor_list(g, shapes, True),
+                "loss": lambda x: x is None or type(x) is float,
+                "events": lambda e: isinstance(e, list) and all(map(_event, e)),
+                "traffic": reports.traffic}):
+            return reports.forged(EXERCISE, rank)
+    return [dict(r, grads=list(zip(r["grads"], grads, strict=True)))
+            for r, grads in zip(ranks, reference, strict=True)]
 
 
 def _grad_problem(rank: int, r: dict) -> str | None:
@@ -113,18 +160,22 @@ def pipeline_step(cluster, fn, timeout: float | None = None) -> CheckResult:
     if cluster.world_size != 2:
         return failed(EXERCISE, f"the exercise is a two-stage pipeline: check it on a 2-rank "
                       f"cluster (this one has {cluster.world_size})")
-    outcome = run_checked(cluster, EXERCISE, "pipeline_step", _job, fn, timeout=timeout,
-                          hang_hint=HANG_HINT)
+    run = _Run()
+    outcome = run_checked(cluster, EXERCISE, "pipeline_step", _job, fn, run.weights_seed,
+                          run.halves(), timeout=timeout, hang_hint=HANG_HINT)
     if outcome.verdict:
         return outcome.verdict
-    ranks = outcome.values
+    full, reference = run.reference()
+    ranks = _compared(outcome.values, reference)
+    if isinstance(ranks, CheckResult):
+        return ranks
     forwards = [sum(e["kind"] == "F" for e in r["events"]) for r in ranks]
     problems = [f"stage {rank} ran its forward {n} time(s): split the batch into "
                 f"{MICRO_BATCHES} micro-batches and run each one" for rank, n in
                 enumerate(forwards) if n != MICRO_BATCHES]
     problems += [p for rank, r in enumerate(ranks) if (p := _grad_problem(rank, r))]
-    loss, full = ranks[1]["loss"], ranks[1]["full_loss"]
-    if loss is None or abs(loss - full) > 1e-4 * abs(full):
+    loss = ranks[1]["loss"]
+    if loss is None or not abs(loss - full) <= 1e-4 * abs(full):  # a NaN loss is wrong too
         problems.append(f"rank 1 returned loss {loss}, one device's is {full:.6f}: return the "
                         "sum of the scaled micro-batch losses (the batch's mean)")
     activations = BATCH * MODEL.d_hidden * 4

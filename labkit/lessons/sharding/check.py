@@ -9,6 +9,12 @@ The check trains a small MLP for two steps this way on every rank, and compares:
 with one device's Adam on the whole batch; the optimizer state each rank holds (measured by the
 suite's memory tracker) with the whole model's; and the collectives that ``step()`` ran, at
 the cluster's rank count and at a second one.
+
+The weights and the batches come from seeds drawn for each run (``outside.fresh_seed``), and
+each rank receives only its own slice of each batch (``PerRank``); one device's Adam is run
+here, in the check's process, and the ranks send back only their weights, the bytes of Adam's
+state they held and the collectives ``step()`` ran. Those two are the rank's word: measured on
+the rank, where the learner's code could change them.
 """
 
 from __future__ import annotations
@@ -16,34 +22,59 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labkit.lessons.exercise import reports
+from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
 from labkit.lessons.exercise.wire import Traffic
 from labkit.models import MLPConfig, build_model, loss_fn, make_batch
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.memory import MemoryTracker, format_bytes
 
 EXERCISE = "zero1"
 MODEL = MLPConfig(d_in=32, d_hidden=64, n_layers=5, d_out=4)
 BATCH, STEPS, LR = 32, 2, 1e-2
+# Adam divides each gradient by its own size, so the rounding between averaged slices and one
+# device's whole batch reaches the weights: up to 9e-5 over 300 drawn runs (median 6e-7). A
+# weight its owner never sent differs by about LR, a hundred times more than this bound.
+WEIGHT_TOLERANCE = 1e-3
 
 
-def _job(ctx, zero_class) -> dict:
-    reference = build_model(MODEL, ctx.device)
-    ref_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
-    model = build_model(MODEL, ctx.device)
+class _Run:
+    """One check run's inputs, drawn here: the weights' seed and every step's whole batch."""
+
+    def __init__(self, world_size: int):
+        self.weights_seed, data_seed = fresh_seed(), fresh_seed() >> 24  # 39 bits: make_batch
+        self.batches = [make_batch(MODEL, step, BATCH, seed=data_seed) for step in range(STEPS)]
+        self.world_size = world_size
+
+    def slices(self) -> PerRank:
+        """Each rank's slice of every step's batch, for that rank alone."""
+        share = BATCH // self.world_size
+        return PerRank([(x[r * share:(r + 1) * share], y[r * share:(r + 1) * share])
+                        for x, y in self.batches] for r in range(self.world_size))
+
+    def reference(self) -> list[torch.Tensor]:
+        """One device's weights after Adam's ``STEPS`` steps on the whole batches."""
+        model = build_model(MODEL, "cpu", seed=self.weights_seed)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        for inputs, targets in self.batches:
+            loss_fn(MODEL)(model(inputs), targets).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+
+def _job(ctx, zero_class, weights_seed: int, slices) -> dict:
+    model = build_model(MODEL, ctx.device, seed=weights_seed)
     tracker = MemoryTracker(ctx.rank)
     tracker.track_external(model)  # known as parameters, so that only Adam's state is "optimizer"
-    share = BATCH // ctx.world_size
-    mine = slice(ctx.rank * share, (ctx.rank + 1) * share)
     collectives = []
     with tracker:
         optimizer = zero_class(ctx, list(model.parameters()), LR)
-    for step in range(STEPS):
-        inputs, targets = (t.to(ctx.device) for t in make_batch(MODEL, step, BATCH))
-        loss_fn(MODEL)(reference(inputs), targets).backward()
-        ref_optimizer.step()
-        ref_optimizer.zero_grad()
-        loss_fn(MODEL)(model(inputs[mine]), targets[mine]).backward()
+    for inputs, targets in slices:
+        inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+        loss_fn(MODEL)(model(inputs), targets).backward()
         for p in model.parameters():  # averaged gradients, as DDP leaves them
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size
@@ -51,11 +82,23 @@ def _job(ctx, zero_class) -> dict:
             optimizer.step()
         collectives.append(traffic.collectives)
         model.zero_grad(set_to_none=True)
-    errors = [(p - r).abs().max().item() for p, r in zip(model.parameters(),
-                                                          reference.parameters(), strict=True)]
-    state = 8 * sum(p.numel() for p in model.parameters())  # Adam: two fp32 moments
-    return {"errors": errors, "optimizer_bytes": tracker.live()["optimizer"],
-            "full_state": state, "collectives": collectives}
+    return {"params": [p.detach().cpu().clone() for p in model.parameters()],
+            "optimizer_bytes": tracker.live()["optimizer"], "collectives": collectives}
+
+
+def _errors(ranks: list, reference: list[torch.Tensor]) -> list[list[float]] | CheckResult:
+    """Each rank's largest difference from one device's weights, parameter by parameter; or
+    the verdict on a report the job does not write."""
+    shapes = [tuple(r.shape) for r in reference]
+    kinds = {"params": lambda p: reports.tensor_list(p, shapes),
+             "optimizer_bytes": lambda b: type(b) is int,
+             "collectives": lambda c: isinstance(c, list) and len(c) == STEPS
+             and all(map(reports.collectives, c))}
+    for rank, r in enumerate(ranks):
+        if not reports.fields(r, kinds):
+            return reports.forged(EXERCISE, rank)
+    return [[(p.float() - ref).abs().nan_to_num(nan=float("inf")).max().item()  # NaN: differs
+             for p, ref in zip(r["params"], reference, strict=True)] for r in ranks]
 
 
 def zero1(cluster, zero_class, timeout: float | None = None) -> CheckResult:
@@ -67,20 +110,24 @@ def zero1(cluster, zero_class, timeout: float | None = None) -> CheckResult:
 
 
 def _check(cluster, zero_class, timeout: float | None) -> CheckResult:
-    n = cluster.world_size
-    outcome = run_checked(cluster, EXERCISE, "Zero1", _job, zero_class, timeout=timeout,
+    n, run = cluster.world_size, _Run(cluster.world_size)
+    outcome = run_checked(cluster, EXERCISE, "Zero1", _job, zero_class, run.weights_seed,
+                          run.slices(), timeout=timeout,
                           hang_hint="Every rank must join each broadcast (or all-gather), "
                           "including ranks that own no part of that parameter.")
     if outcome.verdict:
         return outcome.verdict
-    ranks = outcome.values
-    full = ranks[0]["full_state"]
+    ranks, reference = outcome.values, run.reference()
+    errors = _errors(ranks, reference)
+    if isinstance(errors, CheckResult):
+        return errors
+    full = 8 * sum(p.numel() for p in reference)  # Adam: two fp32 moments
     held = [r["optimizer_bytes"] for r in ranks]
     problems = []
-    for rank, r in enumerate(ranks):
-        worst = max(r["errors"])
-        if worst > 1e-5:
-            layer = r["errors"].index(worst)
+    for rank, error in enumerate(errors):
+        worst = max(error)
+        if worst > WEIGHT_TOLERANCE:
+            layer = error.index(worst)
             problems.append(f"rank {rank}'s weights differ from one device's Adam after "
                             f"{STEPS} steps (parameter {layer}, by {worst:.2g}): did every "
                             "rank receive the parameters their owner updated?")

@@ -17,9 +17,21 @@ from labkit.parallel.context import ring
 from labkit.parallel.context.blocks import merge
 
 _SWAPPED = ("_pairs", "merge")
-# the names ring_forward calls: renaming one there must fail here, not silently run unswapped
-if not set(_SWAPPED) <= set(ring.ring_forward.__code__.co_names):
-    raise ImportError(f"ring.ring_forward no longer calls {_SWAPPED}: update observe.py")
+
+
+def _ring_function():
+    """``ring.ring_forward``, checked to call the swapped names itself: renamed there, or
+    wrapped (a decorator's or a patch's code calls the original, which the swap misses),
+    it must fail here, not silently run unswapped (an empty schedule, labkit's merge)."""
+    function = ring.ring_forward
+    called = getattr(getattr(function, "__code__", None), "co_names", ())
+    if not set(_SWAPPED) <= set(called):
+        raise RuntimeError(f"ring.ring_forward ({function!r}) does not call {_SWAPPED} "
+                           "itself (renamed, or wrapped): update observe.py")
+    return function
+
+
+_ring_function()  # at import too: a rename in ring.py fails as soon as this is imported
 
 
 def _noting(schedule: list):
@@ -42,7 +54,8 @@ def observed_ring_forward(q, k, v, group, causal: bool, schedule: list | None = 
     names = {"merge": merge_fn}
     if schedule is not None:
         names["_pairs"] = _noting(schedule)
-    code = ring.ring_forward
+    code = _ring_function()
     swapped = types.FunctionType(code.__code__, {**code.__globals__, **names}, code.__name__,
                                  code.__defaults__, code.__closure__)
+    swapped.__kwdefaults__ = code.__kwdefaults__  # keyword-only defaults, not copied above
     return swapped(q, k, v, group, causal)

@@ -21,10 +21,11 @@ class StageTimeline:
         self._raw.append((kind, microbatch, start, end, stage))
 
     def instrument(self, stage) -> None:
-        """Record every ``forward_one_chunk`` / ``backward_one_chunk`` of a
-        torch.distributed.pipelining stage. These are private methods of torch 2.13's
-        ``_PipelineStageBase`` (pinned; ``tests/test_pipeline_parallel.py`` checks the
-        recorded timeline)."""
+        """Record every ``forward_one_chunk`` / ``backward_one_chunk`` of a stage: a
+        torch.distributed.pipelining stage (private methods of torch 2.13's
+        ``_PipelineStageBase``, pinned; ``tests/test_pipeline_parallel.py`` checks the
+        recorded timeline) or a hand-written ``HandStage`` (``naive.py``), which keeps
+        their names so that its schedules hold no timing code."""
         for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
             original = getattr(stage, name)
 

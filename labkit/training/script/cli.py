@@ -60,8 +60,12 @@ def main(args, argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     # --profile: the default of the script's own --profile (no folder is made here)
-    runs = torchrun._configs(argparse.Namespace(**{**vars(args), "out": args.out_script,
-                                                   "profile": None}))
+    try:
+        runs = torchrun._configs(argparse.Namespace(**{**vars(args), "out": args.out_script,
+                                                       "profile": None}))
+    except ValueError as error:
+        print(f"labkit script: {error}", file=sys.stderr)
+        return 2
     for config, path in runs:
         try:
             n = world_size_of(config, args.world_size)
