@@ -84,6 +84,11 @@ class CellTimeout(Exception):
 
 
 def _harden() -> None:
+    # ``python -m`` put the working folder first on sys.path: in the sandbox that is /tmp,
+    # which the ranks write, so any module imported later (ipywidgets, a lesson's plotting)
+    # would be the learner's file run here. Only installed modules are imported from now on.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.environ["LABKIT_GRADING"] = "1"
