@@ -208,3 +208,15 @@ def _replace_job_with_tensors(ctx):
                 entry["placement"] = [[torch.tensor([0, 1])], []]
         return out
     check._job = job
+
+
+def test_reports_of_another_dtype_or_numbers_past_floats_fail_without_raising():
+    from labkit.lessons.data_parallel.check import _well_formed
+    from labkit.lessons.memory_wall.check import _number
+
+    assert _number(10**400) is None  # float() of it raises OverflowError
+    traffic = {"sent_bytes": 0, "received_bytes": 0, "sends": 0, "recvs": 0,
+               "largest_send": 0, "collectives": {}}
+    report = {"grads": [torch.zeros(3, dtype=torch.float64)], "traffic": traffic}
+    assert not _well_formed(report, [(3,)], hook=False)  # allclose with float32 would raise
+    assert _well_formed(dict(report, grads=[torch.zeros(3)]), [(3,)], hook=False)
