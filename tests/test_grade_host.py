@@ -52,3 +52,11 @@ def test_an_honest_check_on_8_ranks_stays_under_the_task_limit():
     watcher.join()
     assert verdict.status == "passed", str(verdict)
     assert peak[0] * 1.25 < Limits().processes, (peak[0], Limits().processes)
+
+
+def test_quizzes_are_read_from_the_jobs_copy_not_the_link_the_ranks_can_replace():
+    from labkit.classroom.checker import quiz_file
+
+    assert quiz_file("quizzes/07_putting_it_together.json", "/job/quizzes") == \
+        "/job/quizzes/07_putting_it_together.json"
+    assert quiz_file("../../tmp/forged/07.json", "/job/quizzes") == "/job/quizzes/07.json"
