@@ -38,6 +38,28 @@ def _bound(tree: ast.Module) -> set[str]:
     return names
 
 
+def _unbound_loads(tree: ast.Module) -> set[str]:
+    """Names a cell loads that it does not bind where they are loaded: the cell's top level
+    sees its top-level bindings only (an import inside a function binds nothing outside
+    it); a function's body sees those and its own."""
+    functions = [node for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    inner = {id(node) for function in functions for node in ast.walk(function)}
+    top_nodes = [node for node in ast.walk(tree) if id(node) not in inner]
+    top_bound = {(a.asname or a.name).split(".")[0] for node in top_nodes
+                 if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    top_bound |= {node.id for node in top_nodes
+                  if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    top_bound |= {f.name for f in functions if not isinstance(f, ast.Lambda)}
+    missing = {node.id for node in top_nodes
+               if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)} - top_bound
+    for function in functions:
+        loaded = {node.id for node in ast.walk(function)
+                  if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        missing |= loaded - top_bound - _bound(function)
+    return missing
+
+
 def modules_only_answers_import(notebook) -> list[tuple[int, list[str]]]:
     """(cell index, module names) of the cells outside the answers that load a module name
     that, at that point, only an answer cell has imported."""
@@ -49,9 +71,7 @@ def modules_only_answers_import(notebook) -> list[tuple[int, list[str]]]:
         if cell.metadata.get("nbgrader", {}).get("solution", False):
             answers_only |= _imported(tree) - outside
             continue
-        loaded = {node.id for node in ast.walk(tree)
-                  if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-        missing = sorted((loaded & answers_only) - _bound(tree))
+        missing = sorted(_unbound_loads(tree) & answers_only)
         if missing:
             found.append((index, missing))
         outside |= _bound(tree)
@@ -71,5 +91,6 @@ def test_a_module_only_an_answer_imports_is_found():
                                   metadata={"nbgrader": {"solution": True}}),
         nbformat.v4.new_code_cell("check(f)"),  # the answer's function: the grader's to bind
         nbformat.v4.new_code_cell("def g():\n    return torch.zeros(1)"),
+        nbformat.v4.new_code_cell("def h():\n    import torch\nprint(torch.ones(1))"),
         nbformat.v4.new_code_cell("import torch\ntorch.ones(1)")])
-    assert modules_only_answers_import(notebook) == [(2, ["torch"])]
+    assert modules_only_answers_import(notebook) == [(2, ["torch"]), (3, ["torch"])]

@@ -165,3 +165,58 @@ def test_a_report_in_another_shape_fails_the_check(fresh, check, module, job, no
     fresh.run(_replace_job, f"labkit.lessons.{module}.check", job)
     said = failed(getattr(labkit.check, check)(fresh, solution(notebook, grade_id, name)))
     assert "a rank sent back a report that labkit's check does not write" in said, said
+
+
+# ----- malformed answers fail in the check's own process, quickly ---------------------------
+def test_groups_naming_ranks_outside_the_layout_fail():
+    from labkit.lessons.layouts.check import _judge_groups
+
+    said = _judge_groups("dp2", "dp", [[0, 1], [999], [-5]], 2)  # the right group, and more
+    assert isinstance(said, str) and "more members than the layout's 2 ranks" in said, said
+    said = _judge_groups("dp2", "dp", [[0], [5]], 2)
+    assert isinstance(said, str) and "rank(s) [5], not among its 2 ranks" in said, said
+
+
+def test_groups_of_any_length_are_judged_at_once():
+    from labkit.lessons.layouts.check import _judge_groups
+
+    for groups in ([[0, 1], range(10**15)], [[0, 1], list(range(2, 400_000))],
+                   [[0] * 400_000, [1]]):  # a rank may send any of these
+        said = _judge_groups("dp2", "dp", groups, 2)
+        assert isinstance(said, str) and len(said) < 600, said[:600]
+
+
+def test_placements_are_whole_numbers_from_every_rank(fresh):
+    from labkit.lessons.recommender.check import _as_placement
+
+    assert isinstance(_as_placement([[torch.tensor(0.7), 1], [2]], 3, 2), str)  # not table 0
+    assert _as_placement([[torch.tensor(0), 1], [2]], 3, 2) == [[0, 1], [2]]
+    fresh.run(_replace_job_with_tensors)  # rank 1's placement holds a tensor of two tables
+    said = failed(labkit.check.place_tables(fresh, REFERENCE_06))
+    assert "different placements" in said, said
+
+
+def _replace_job_with_tensors(ctx):
+    import labkit.lessons.recommender.check as check
+
+    real = check._job
+
+    def job(ctx, fn, sets):
+        out = real(ctx, fn, sets)
+        if ctx.rank == 1:
+            for entry in out:
+                entry["placement"] = [[torch.tensor([0, 1])], []]
+        return out
+    check._job = job
+
+
+def test_reports_of_another_dtype_or_numbers_past_floats_fail_without_raising():
+    from labkit.lessons.data_parallel.check import _well_formed
+    from labkit.lessons.memory_wall.check import _number
+
+    assert _number(10**400) is None  # float() of it raises OverflowError
+    traffic = {"sent_bytes": 0, "received_bytes": 0, "sends": 0, "recvs": 0,
+               "largest_send": 0, "collectives": {}}
+    report = {"grads": [torch.zeros(3, dtype=torch.float64)], "traffic": traffic}
+    assert not _well_formed(report, [(3,)], hook=False)  # allclose with float32 would raise
+    assert _well_formed(dict(report, grads=[torch.zeros(3)]), [(3,)], hook=False)

@@ -84,6 +84,11 @@ class CellTimeout(Exception):
 
 
 def _harden() -> None:
+    # ``python -m`` put the working folder first on sys.path: in the sandbox that is /tmp,
+    # which the ranks write, so any module imported later (ipywidgets, a lesson's plotting)
+    # would be the learner's file run here. Only installed modules are imported from now on.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.environ["LABKIT_GRADING"] = "1"
@@ -120,6 +125,8 @@ class Run:
     def _quiz(self, path, interactive=True, values=None):
         from labkit.lessons.show.quizzes import QuizError, load_quiz
 
+        # the course's own file: ./quizzes is a link in /tmp, which the ranks may replace
+        path = quiz_file(path, self.spec.get("quiz_dir"))
         questions, expected = load_quiz(path), {}
         for question in questions:
             try:
@@ -198,6 +205,12 @@ class Run:
                           traceback=traceback.format_exc()[-2000:])
                 return
         self.send(event="done")
+
+
+def quiz_file(path, quiz_dir: str | None) -> str:
+    """Where the quiz a cell names (``quizzes/NN.json``) is read: in ``quiz_dir``, the job's
+    read-only copy, by its file name alone; ``path`` itself when the spec names no folder."""
+    return os.path.join(quiz_dir, os.path.basename(str(path))) if quiz_dir else str(path)
 
 
 def _close_figures() -> None:

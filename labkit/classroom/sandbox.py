@@ -54,7 +54,7 @@ class Limits:
     said)."""
 
     memory_bytes: int = 6 * 2**30  # the whole submission (cgroup), and each process (AS)
-    processes: int = 256
+    processes: int = 512  # tasks: threads count (8 gloo ranks and the checker: ~320)
     open_files: int = 1024  # per process
     disk_bytes: int = 512 * 2**20  # the tmpfs at /tmp, and /dev/shm alike
 

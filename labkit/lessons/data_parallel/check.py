@@ -99,7 +99,8 @@ def _hook_job(ctx, hook, weights_seed: int, batch) -> dict:
 
 
 def _well_formed(found, shapes: list[tuple], hook: bool) -> bool:
-    kinds = {"grads": lambda g: reports.tensor_list(g, shapes, allow_none=True),
+    kinds = {"grads": lambda g: reports.tensor_list(g, shapes, allow_none=True,
+                                                             dtype=torch.float32),
              "traffic": reports.traffic}
     if hook:
         kinds["buckets"] = lambda b: type(b) is int

@@ -20,13 +20,16 @@ def forged(exercise: str, rank: int) -> CheckResult:
                   "write: its code on that rank changed the check's measurements")
 
 
-def tensor_list(value, shapes: list[tuple], allow_none: bool = False) -> bool:
-    """Whether ``value`` is a list of float tensors of ``shapes`` (or None where allowed)."""
+def tensor_list(value, shapes: list[tuple], allow_none: bool = False,
+                dtype: torch.dtype | None = None) -> bool:
+    """Whether ``value`` is a list of float tensors of ``shapes`` (or None where allowed),
+    each of ``dtype`` if given (the references' dtype: a comparison of two dtypes raises)."""
     if not isinstance(value, list) or len(value) != len(shapes):
         return False
     return all((item is None and allow_none) or (
         isinstance(item, torch.Tensor) and tuple(item.shape) == tuple(shape)
-        and item.is_floating_point()) for item, shape in zip(value, shapes, strict=True))
+        and item.is_floating_point() and (dtype is None or item.dtype == dtype))
+        for item, shape in zip(value, shapes, strict=True))
 
 
 def collectives(value) -> bool:

@@ -13,6 +13,8 @@ that reports another group than the grid's is a rank whose measuring was changed
 
 from __future__ import annotations
 
+import collections
+import itertools
 import operator
 import random
 
@@ -67,27 +69,45 @@ def _on_rank(ctx, fn, layouts, drawn):
     return out
 
 
-def _as_groups(groups) -> list[list[int]]:
+def _as_groups(groups, size: int) -> list[list[int]]:
     """``groups`` as lists of ints (read once: a group may be an iterator). Raises TypeError
-    unless every member is a whole number (int, numpy or tensor integer; not 0.4, not "0")."""
-    return [[operator.index(r) for r in group] for group in groups]
+    unless every member is a whole number (int, numpy or tensor integer; not 0.4, not "0"),
+    and ValueError past ``size`` members (a rank may send ``range(10**18)``)."""
+    out, members = [], 0
+    for group in groups:
+        out.append([operator.index(r) for r in itertools.islice(group, size + 1 - members)])
+        members += len(out[-1])
+        if members > size:
+            raise ValueError(f"more members than the layout's {size} ranks")
+    return out
+
+
+def _short(value, limit: int = 300) -> str:
+    """``repr(value)``, cut at ``limit`` characters (an answer may return a huge list)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _judge_groups(layout: str, dim: str, groups, size: int) -> str | list[list[int]]:
     """What is wrong with ``groups`` as a partition of the ranks, or the groups as ints."""
     try:
-        groups = _as_groups(groups)
+        groups = _as_groups(groups, size)
     except TypeError as exc:
-        return (f"for {layout}, {WHERE} returned {groups!r} for {dim!r}: return a list of "
-                f"groups, each a list of ranks (whole numbers) ({describe_exception(exc)})")
-    members = [r for group in groups for r in group]
-    missing = sorted(set(range(size)) - set(members))
-    twice = sorted({r for r in members if members.count(r) > 1})
-    if missing or twice:
-        what = (f"leave out rank(s) {missing}" if missing else
+        return (f"for {layout}, {WHERE} returned {_short(groups)} for {dim!r}: return a list "
+                f"of groups, each a list of ranks (whole numbers) ({describe_exception(exc)})")
+    except ValueError as exc:
+        return (f"for {layout}, your {dim} groups {_short(groups)} hold {exc}: every rank is "
+                f"in exactly one {dim} group")
+    counts = collections.Counter(r for group in groups for r in group)
+    strangers = sorted(r for r in counts if not 0 <= r < size)
+    missing = sorted(set(range(size)) - set(counts))
+    twice = sorted(r for r, count in counts.items() if count > 1)
+    if strangers or missing or twice:
+        what = (f"name rank(s) {strangers}, not among its {size} ranks" if strangers else
+                f"leave out rank(s) {missing}" if missing else
                 f"put rank(s) {twice} in more than one group")
-        return (f"for {layout}, your {dim} groups {groups} {what}: every rank is in exactly "
-                f"one {dim} group")
+        return (f"for {layout}, your {dim} groups {_short(groups)} {what}: every rank is in "
+                f"exactly one {dim} group")
     return groups
 
 

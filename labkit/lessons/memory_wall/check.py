@@ -81,7 +81,8 @@ def _number(value) -> float | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of many values
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # a tensor of many values,
+        # or an int past float's range
         return None
     return number if number == number else None  # NaN is no prediction
 

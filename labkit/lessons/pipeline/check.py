@@ -131,7 +131,8 @@ def _compared(ranks: list, reference: list[list[torch.Tensor]]) -> list[dict] | 
     for rank, (r, grads) in enumerate(zip(ranks, reference, strict=True)):
         shapes = [tuple(g.shape) for g in grads]
         if not reports.fields(r, {
-                "grads": lambda g, shapes=shapes: reports.tensor_list(g, shapes, True),
+                "grads": lambda g, shapes=shapes: reports.tensor_list(g, shapes, True,
+                                                                    torch.float32),
                 "loss": lambda x: x is None or type(x) is float,
                 "events": lambda e: isinstance(e, list) and all(map(_event, e)),
                 "traffic": reports.traffic}):

@@ -15,6 +15,7 @@ tables need (what the rank measured is its word, beside it). The suite's planner
 from __future__ import annotations
 
 import math
+import operator
 import random
 
 import torch
@@ -75,27 +76,32 @@ def _job(ctx, fn, sets) -> list[dict]:
         placement = fn(list(table_bytes), ctx.world_size, capacity)
         entry = {"placement": placement, "held": None, "oom": None}
         try:
-            mine = placement[ctx.rank] if not _valid(placement, table_bytes, ctx.world_size) \
-                else []
-            entry["held"] = _hold(ctx, [int(t) for t in mine], table_bytes, capacity)
+            found = _as_placement(placement, len(table_bytes), ctx.world_size)
+            mine = found[ctx.rank] if not isinstance(found, str) else []
+            entry["held"] = _hold(ctx, mine, table_bytes, capacity)
         except DeviceOOM as oom:
             entry["oom"] = oom.to_dict()
         out.append(entry)
     return out
 
 
-def _valid(placement, table_bytes, world_size) -> str | None:
-    """None if ``placement`` is a list of ``world_size`` lists holding each table once."""
+def _as_placement(placement, tables: int, world_size: int) -> list[list[int]] | str:
+    """``placement`` as ``world_size`` lists of table indices (ints), each of the ``tables``
+    once; else what is wrong with it. An index is a whole number (an int, or an integer
+    tensor of one element: ``operator.index``), never a float."""
     if not isinstance(placement, (list, tuple)) or len(placement) != world_size or not all(
-            isinstance(tables, (list, tuple)) for tables in placement):
+            isinstance(mine, (list, tuple)) for mine in placement):
         return (f"place_tables must return one list of table indices per rank ({world_size} "
                 f"lists), got {placement!r}"[:300])
-    flat = [t for tables in placement for t in tables]
-    if not all(isinstance(t, int) or hasattr(t, "__index__") for t in flat) or \
-            sorted(map(int, flat)) != list(range(len(table_bytes))):
-        return (f"every table (an index, 0 to {len(table_bytes) - 1}) must be on exactly one "
-                f"rank; the placement was {placement!r}"[:300])
-    return None
+    wrong = (f"every table (an index, 0 to {tables - 1}) must be on exactly one rank; the "
+             f"placement was {placement!r}"[:300])
+    if sum(len(mine) for mine in placement) != tables:
+        return wrong
+    try:
+        found = [[operator.index(t) for t in mine] for mine in placement]
+    except TypeError:
+        return wrong
+    return found if sorted(t for mine in found for t in mine) == list(range(tables)) else wrong
 
 
 def _planner(table_bytes, world_size, capacity) -> str:
@@ -130,22 +136,23 @@ def _check(cluster, fn, timeout: float | None) -> CheckResult:
     if not all(_well_formed(rank_sets, len(sets)) for rank_sets in outcome.values):
         return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
                       "write: its code on that rank changed the check's measurements")
-    problems, details = [], []
+    problems, details, shown = [], [], []  # shown: rank 0's placements, as ints (or None)
     for k, (table_bytes, capacity) in enumerate(sets):
         entries = [rank_cases[k] for rank_cases in outcome.values]
-        placement = entries[0]["placement"]
         sizes = ", ".join(format_bytes(b) for b in table_bytes)
         where = f"tables of {sizes} on {n} ranks of {format_bytes(capacity)}"
-        invalid = _valid(placement, table_bytes, n)
-        if invalid:
-            problems.append(f"{invalid} ({where})")
+        found = [_as_placement(e["placement"], len(table_bytes), n) for e in entries]
+        placement = found[0]
+        shown.append(None if isinstance(placement, str) else placement)
+        if isinstance(placement, str):
+            problems.append(f"{placement} ({where})")
             continue
-        if any(e["placement"] != placement for e in entries):
+        if any(other != placement for other in found):
             problems.append(f"the ranks computed different placements for {where}: make the "
                             "placement depend only on the arguments")
             continue
         for rank, entry in enumerate(entries):
-            need = sum(table_bytes[int(t)] for t in placement[rank])  # counted here
+            need = sum(table_bytes[t] for t in placement[rank])  # counted here
             if need > capacity and not entry["oom"]:
                 problems.append(f"rank {rank}'s tables {placement[rank]} need "
                                 f"{format_bytes(need)}, more than the cap "
@@ -161,8 +168,7 @@ def _check(cluster, fn, timeout: float | None) -> CheckResult:
         details.append(f"{where}: {placement}, measured per rank "
                        + ", ".join(format_bytes(e['held']) if e['held'] is not None
                                    else 'out of memory' for e in entries))
-    measured = {"placements": [[e["placement"] for e in rank_cases]
-                               for rank_cases in outcome.values[:1]]}
+    measured = {"placements": [shown]}
     if problems:
         return failed(EXERCISE, problems[0], problems[1:] + details, **measured)
     return passed(EXERCISE, f"every placement held under the cap on every rank "
