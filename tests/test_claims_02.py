@@ -2,11 +2,10 @@
 
 Each test is named after the sentence of the lesson it protects; the notebook is executed
 once (tests/lessons.py) and every test here reads what it recorded. The speedup depends on the
-machine: the notebook prints it, and the floor asserted here is the one a quiet 2-core machine
-(CI) clears with margin, one CPU rank per core. The notebook also measures whether the machine
-was quiet (its ceiling: N ranks computing at once against one); the claims that compare N
-ranks' times with one's are skipped, with the ceiling in the reason, when it was busy, and
-the lesson says so in its output.
+machine: the notebook prints it, and the test asserts what the lesson says ("faster"). The
+notebook also measures whether the machine was quiet (its ceiling: N ranks computing at once
+against one); the claims that compare N ranks' times with one's are skipped, with the
+ceiling in the reason, when it was busy, and the lesson says so in its output.
 """
 
 from __future__ import annotations
@@ -15,7 +14,10 @@ import pytest
 
 from tests.lessons import COURSE, lesson_fixture
 
-SPEEDUP_FLOOR = 1.5  # N CPU ranks of one core each, compute-bound, over one
+# N CPU ranks of one core each, compute-bound, over one. The lesson says "faster"; how much
+# faster depends on the machine: on 2-core VMs whose cores share memory bandwidth, quiet,
+# 1.08-1.41x was measured (bench/data_parallel.py: no-communication ceiling 1.62x, DDP 1.33x).
+SPEEDUP_FLOOR = 1.0
 
 
 nb = lesson_fixture("02_data_parallel")
@@ -91,15 +93,14 @@ def test_a_busy_machine_is_said_so(nb):
 
 
 def test_working_at_the_same_time_the_devices_ran_each_step_faster(nb):
-    """The time wall's first half: compute-bound, N devices run a step >= 1.5x faster than one
-    (CPU ranks, one core each, on a quiet machine; on GPUs, faster than one device)."""
+    """The time wall's first half: compute-bound, N devices run a step faster than one (CPU
+    ranks, one core each, on a quiet machine; GPUs)."""
     results = nb.results
     one, ddp, _ = _names(results)
     speedup = results["speedup"]
     assert speedup == pytest.approx(results["step_ms"][one] / results["step_ms"][ddp])
     _needs_a_quiet_machine(results)
-    floor = SPEEDUP_FLOOR if results["device"] == "cpu" else 1.0
-    assert speedup >= floor, f"{speedup:.2f}x on {results['world_size']} ranks"
+    assert speedup > SPEEDUP_FLOOR, f"{speedup:.2f}x on {results['world_size']} ranks"
 
 
 def test_the_allreduce_adds_an_orange_sliver(nb):
@@ -183,7 +184,7 @@ def test_at_the_smallest_batch_the_divided_computation_is_only_a_small_part_of_t
     points, n = nb.results["walk"]["points"], nb.results["world_size"]
     assert _divided_share(points[-1], n) < 0.4
     _needs_a_quiet_machine(nb.results)
-    assert _divided_share(points[0], n) > 0.6  # at the compute-bound start, most of it
+    assert _divided_share(points[0], n) > 0.5  # at the compute-bound start, most of it
 
 
 def test_the_model_falls_with_the_measurement_though_not_as_far(nb):
