@@ -188,8 +188,9 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
     mesh, imports = _mesh_lines(dims)
     build, more = _build_lines(run, engine, model)
     opt, more2 = _optimizer_lines(run, engine, optimizer)
-    imports = ("import argparse", "import torch.distributed as dist", *imports, *more, *more2,
-               *(() if profile is None else ("import sys",)))
+    imports = ("import argparse", "import os", "import sys", "import torch.distributed as dist",
+               *imports,
+               *more, *more2)
     extra = ", dp_group" if engine == "naive" else ""
     if engine == "naive":
         opt.append('dp_group = mesh.get_group("dp")  # the replicas averaged by hand')
@@ -205,11 +206,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
         f'parser.add_argument("--profile", metavar="DIR", default={json.dumps(profile)},',
         '                    help="write a torch.profiler trace of the steps per rank here")',
         "profiler = start_profiler(args.profile, device)",
-        "    profiler.step()", "profiler.stop()",
-        "# everything is written: leave without Python's teardown, in which the profiler's",
-        "# threads can abort the process (\"terminate called without an active exception\")",
-        "sys.stdout.flush()",
-        "os._exit(0)"]
+        "    profiler.step()", "profiler.stop()"]
     cast = []
     if run.config.precision == "bf16" and family == "mlp":
         cast = ["    inputs, targets = inputs.bfloat16(), targets.bfloat16()  # bf16 data"]
@@ -243,7 +240,8 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
         *profiling[3:5],
         "write_losses(losses, args.out)",
         "dist.destroy_process_group()",
-        *profiling[5:],
+        "sys.stdout.flush()  # all written: skip Python's teardown, where torch's threads",
+        "os._exit(0)  # can abort it (\"terminate called without an active exception\")",
     ]
     code = ("def main() -> None:\n" + "\n".join(f"    {line}" if line else "" for line in body)
             + '\n\n\nif __name__ == "__main__":\n    main()')
