@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from labkit.lessons.data_parallel.capacity import QUIET
 from tests.lessons import COURSE, lesson_fixture
 
 # N CPU ranks of one core each, compute-bound, over one. The lesson says "faster"; how much
@@ -80,7 +81,7 @@ def test_the_ceiling_is_n_ranks_computing_at_once_against_one(nb):
     assert capacity["world_size"] == n and capacity["products"] > 0
     assert capacity["speedup"] == pytest.approx(n * capacity["alone_s"] / capacity["together_s"])
     assert 0 < capacity["speedup"] <= 1.1 * n  # no more than N devices' work (and noise)
-    assert capacity["busy"] == (capacity["speedup"] < 0.9 * n)
+    assert capacity["busy"] == (capacity["speedup"] < QUIET * n)
 
 
 def test_a_busy_machine_is_said_so(nb):

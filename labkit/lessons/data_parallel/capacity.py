@@ -55,20 +55,30 @@ class Capacity:
                    "measured on it" if self.busy else ""))
 
 
-def _products(ctx, count: int) -> float:
-    """Seconds for ``count`` matrix products on this rank's device (0: calibrate, return the
-    count that takes about TARGET_S)."""
+def _square(ctx):
+    """A SIZE x SIZE matrix on this rank's device, its first product done (kernels and
+    threads set up, not timed), and the device's synchronisation."""
     a = torch.randn(SIZE, SIZE, device=ctx.device)
     sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
-    a @ a  # noqa: B018 - first use: kernels and threads set up, not timed
+    a @ a  # noqa: B018
     sync()
-    if count == 0:
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < TARGET_S:
-            a @ a  # noqa: B018
-            done += 1
-        sync()
-        return done
+    return a, sync
+
+
+def _calibrate(ctx) -> int:
+    """How many matrix products this rank does in about TARGET_S."""
+    a, sync = _square(ctx)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < TARGET_S:
+        a @ a  # noqa: B018
+        done += 1
+    sync()
+    return done
+
+
+def _products(ctx, count: int) -> float:
+    """Seconds for ``count`` matrix products on this rank's device."""
+    a, sync = _square(ctx)
     start = time.perf_counter()
     for _ in range(count):
         a @ a  # noqa: B018
@@ -81,7 +91,7 @@ def parallel_capacity(one, many) -> Capacity:
     at once; the best of ``ROUNDS`` rounds each."""
     if one.world_size != 1:
         raise ValueError(f"the first cluster must have 1 rank, not {one.world_size}")
-    count = max(1, int(one.run(_products, 0)[0]))
+    count = max(1, int(one.run(_calibrate)[0]))
     alone, together = [], []
     for _ in range(ROUNDS):
         alone.append(one.run(_products, count)[0])

@@ -189,8 +189,7 @@ def main_piece(run, engine, dims, optimizer: str, data_fn: str, out: str,
     build, more = _build_lines(run, engine, model)
     opt, more2 = _optimizer_lines(run, engine, optimizer)
     imports = ("import argparse", "import os", "import sys", "import torch.distributed as dist",
-               *imports,
-               *more, *more2)
+               *imports, *more, *more2)
     extra = ", dp_group" if engine == "naive" else ""
     if engine == "naive":
         opt.append('dp_group = mesh.get_group("dp")  # the replicas averaged by hand')
