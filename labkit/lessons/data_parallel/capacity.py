@@ -20,7 +20,7 @@ import torch
 SIZE = 256  # a matrix product of SIZE x SIZE float32: about a millisecond on one core
 TARGET_S = 0.25  # how long the computation runs on one rank alone
 ROUNDS = 2  # alone, together, alone, together: the best of each, past a moment's noise
-QUIET = 0.9  # N ranks doing >= 0.9 N times one's work at once: the machine is theirs
+QUIET = 0.75  # N ranks doing >= 0.75 N times one's work at once: the machine is theirs
 
 
 @dataclass(frozen=True)
