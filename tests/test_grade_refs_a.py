@@ -63,7 +63,22 @@ def test_a_table_of_the_fixed_models_measurements_does_not_pass(one):
 
     found = labkit.check.predict_memory(one, looks_up)
     assert not found.passed and "you predicted" in found.summary, str(found)
-    assert len(found.measured["cases"]) == len(CASES) + 1
+    assert len(found.measured["cases"]) == len(CASES) + 2
+
+
+def measures_instead(config, batch):
+    """Builds each model and measures it, as the check does, instead of predicting."""
+    from labkit.lessons.memory_wall.check import _measure
+
+    return _measure(config, batch)
+
+
+def test_an_answer_that_measures_instead_of_predicting_fails(one):
+    from labkit.lessons.memory_wall.check import HUGE
+
+    found = labkit.check.predict_memory(one, measures_instead)
+    assert not found.passed and f"d_hidden={HUGE}" in found.summary, str(found)
+    assert "too large to build" in found.summary
 
 
 def test_predict_memory_does_not_trust_the_ranks_measurement(one):

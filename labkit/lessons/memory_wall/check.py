@@ -3,17 +3,23 @@
 The learner writes ``predict_memory(config, batch)`` returning bytes for "parameters",
 "gradients", "optimizer" (Adam's state) and "activations" (what the forward pass keeps for the
 backward pass, batch and targets included) of a zoo MLP trained in float32 with Adam. The check
-calls it on a rank, for two fixed models and a third whose sizes are drawn for each run
-(``outside.fresh_seed``: a table of the first two's measurements does not pass), and sends back
-only what it returned. It measures each category itself, in its own process (on the CPU: the
-bytes of float32 tensors are the same on any device), never on the ranks, with the suite's
-memory tracker at the moment the category is largest: parameters after building, activations
-at the end of the forward pass (loss computed), gradients after backward, optimizer state
-after the step.
+calls it on a rank, for two fixed models, a third whose sizes are drawn for each run
+(``outside.fresh_seed``: a table of the first two's measurements does not pass) and a fourth
+too large for any machine here to build (the third's shape with a hidden width of ``HUGE``:
+hundreds of GB in all, so an answer that builds each model and measures it instead of
+predicting fails there), and sends back only what it returned. It measures each category
+itself, in its own process (on the CPU: the bytes of float32 tensors are the same on any
+device), never on the ranks, with the suite's memory tracker at the moment the category is
+largest: parameters after building, activations at the end of the forward pass (loss
+computed), gradients after backward, optimizer state after the step. The fourth model's
+parameters, gradients and Adam state are measured on the ``meta`` device (shapes, no
+storage); its activations, a sum of (batch, width) tensors and so affine in the hidden width,
+are measured at two small widths and extended to ``HUGE``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import torch
@@ -32,6 +38,8 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "activations")
 TOLERANCE = {"parameters": 0.02, "gradients": 0.02, "optimizer": 0.05, "activations": 0.05}
 CASES = ((MLPConfig(d_in=64, d_hidden=256, n_layers=4, d_out=8), 64),
          (MLPConfig(d_in=32, d_hidden=128, n_layers=6, d_out=4), 512))
+HUGE = 2 ** 17  # the fourth model's hidden width: ~0.55 TB of parameters, gradients and Adam
+SMALL = (64, 128)  # the hidden widths its activations are measured at
 HINTS = {
     "optimizer": "Adam keeps two float32 numbers per parameter (its two moment estimates)",
     "gradients": "backward leaves one float32 gradient per parameter",
@@ -51,9 +59,26 @@ def drawn_case(seed: int) -> tuple[MLPConfig, int]:
     return config, draw.choice([64, 128, 256, 512])
 
 
-def _measure(config: MLPConfig, batch: int) -> dict:
-    """The bytes of each category in one Adam step of ``config``, measured in this process."""
-    tracker, device = MemoryTracker(0), "cpu"
+def huge_case(case: tuple[MLPConfig, int]) -> tuple[MLPConfig, int]:
+    """``case``'s model with a hidden width of ``HUGE``: predicted, never built."""
+    config, batch = case
+    return dataclasses.replace(config, d_hidden=HUGE), batch
+
+
+def _measure_huge(config: MLPConfig, batch: int) -> dict:
+    """``_measure`` of a model too large to build: its state on the meta device, its
+    activations (affine in the hidden width) from two widths that fit, extended."""
+    measured = _measure(config, batch, device="meta")
+    (w0, a0), (w1, a1) = ((w, _measure(dataclasses.replace(config, d_hidden=w), batch)
+                           ["activations"]) for w in SMALL)
+    measured["activations"] = a0 + (a1 - a0) * (config.d_hidden - w0) // (w1 - w0)
+    return measured
+
+
+def _measure(config: MLPConfig, batch: int, device: str = "cpu") -> dict:
+    """The bytes of each category in one Adam step of ``config``, measured in this process
+    (on ``meta``, only the parameters, gradients and optimizer state are counted right)."""
+    tracker = MemoryTracker(0)
     with tracker:
         model = build_model(config, device)
     tracker.track_external(model)
@@ -72,7 +97,16 @@ def _measure(config: MLPConfig, batch: int) -> dict:
 
 
 def _job(ctx, fn, cases) -> list:
-    return [fn(config, batch) for config, batch in cases]
+    return [_predict(fn, config, batch) for config, batch in cases]
+
+
+def _predict(fn, config: MLPConfig, batch: int):
+    if config.d_hidden != HUGE:
+        return fn(config, batch)
+    try:
+        return fn(config, batch)
+    except (MemoryError, RuntimeError) as exc:  # it built the model: said by _compare
+        return f"raised {type(exc).__name__}"
 
 
 def _number(value) -> float | None:
@@ -90,6 +124,9 @@ def _number(value) -> float | None:
 def _compare(case: tuple[MLPConfig, int], predicted, measured: dict) -> list[str]:
     config, batch = case
     where = f"for {config} with a batch of {batch}"
+    if config.d_hidden == HUGE and isinstance(predicted, str) and predicted.startswith("raised"):
+        return [f"predict_memory {predicted} {where}, a model too large to build on any "
+                "machine here: predict from the config's sizes, without building the model"]
     if not isinstance(predicted, dict):
         return [f"predict_memory returned {type(predicted).__name__} {where}: return a dict "
                 f"with keys {', '.join(CATEGORIES)}"]
@@ -119,14 +156,15 @@ def _plain(predicted):
 def predict_memory(cluster, fn, timeout: float | None = None) -> CheckResult:
     """Check ``fn(config, batch) -> {category: bytes}``, called on rank 0, against what this
     process measures."""
-    cases = [*CASES, drawn_case(fresh_seed())]
+    drawn = drawn_case(fresh_seed())
+    cases = [*CASES, drawn, huge_case(drawn)]
     outcome = run_checked(cluster, EXERCISE, "predict_memory", _job, fn, cases, timeout=timeout)
     if outcome.verdict:
         return outcome.verdict
     predictions = outcome.values[0]
     if not isinstance(predictions, list) or len(predictions) != len(cases):
         return forged(EXERCISE, 0)
-    found = [(case, predicted, _measure(*case))
+    found = [(case, predicted, (_measure_huge if case[0].d_hidden == HUGE else _measure)(*case))
              for case, predicted in zip(cases, predictions, strict=True)]
     problems = [p for case, predicted, measured in found
                 for p in _compare(case, predicted, measured)]
@@ -136,6 +174,8 @@ def predict_memory(cluster, fn, timeout: float | None = None) -> CheckResult:
         return failed(EXERCISE, problems[0], problems[1:], **measured)
     return passed(EXERCISE, f"all four categories within tolerance on {len(cases)} models "
                   "(parameters and gradients 2%, optimizer and activations 5%).",
-                  [f"{config}, batch {batch}: measured " + ", ".join(
+                  [f"{config}, batch {batch}: "
+                   + ("counted (too large to build) " if config.d_hidden == HUGE else "measured ")
+                   + ", ".join(
                       f"{k} {format_bytes(v)}" for k, v in real.items())
                    for (config, batch), _, real in found], **measured)
