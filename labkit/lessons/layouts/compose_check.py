@@ -6,8 +6,20 @@ sub-mesh to ``parallelize_module(model, mesh["tp"], tp_plan)`` and its "dp" sub-
 ``fully_shard(model, mesh=mesh["dp"])``, and return the mesh. On every rank the check
 compares the ranks of each sub-mesh's group with those of labkit's own mesh for the same
 layout (the groups of the first exercise, ``mesh_groups``), then runs one forward and
-backward on this rank's slice of the batch (by its dp coordinate) and compares the loss and
-the whole gradients here with one device's, from a seed drawn for each run.
+backward on this rank's slice of the batch and compares, here, the loss and the whole
+gradients each rank reports with one device's.
+
+The inputs are private (``PerRank``), drawn for each run: each rank receives only its
+data-parallel slice of the batch (the ranks of one tp group the same slice), and only the
+ranks that ``parallelize_module`` takes the weights from receive the real ones: it scatters
+each layer's shards from rank 0 of each tp group (``ParallelStyle.src_data_rank``, 0 by
+default, through ``distribute_tensor``), and ``fully_shard`` then chunks what each rank holds
+without communicating. The other ranks build weights of their own from seeds of their own. So
+the gradients of the whole batch can only be had by communicating along labkit's groups: a
+rank that computes them alone, or a mesh whose groups are not labkit's (tp outermost, say),
+gets other numbers, whatever the ranks report about their groups and placements (those give
+the messages for honest mistakes). The bytes are not counted (``SocketCount``): gathering the
+batch and the weights onto every rank and computing there moves fewer bytes than the layout.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from torch import nn
 from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.training.build.materialize import _quiet_redistribution
 from labkit.training.layout.layout import Layout
 
@@ -30,11 +43,48 @@ D_IN, D_HIDDEN, D_OUT, BATCH, TP = 16, 32, 8, 8, 2
 NAMES = ("dp", "tp")
 
 
-def _model_and_batch(seed: int):
-    """An MLP (batch, in) -> (batch, hidden) -> (batch, out), a batch and its targets."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(D_IN, D_HIDDEN), nn.ReLU(), nn.Linear(D_HIDDEN, D_OUT))
-    return model, torch.randn(BATCH, D_IN), torch.randn(BATCH, D_OUT)
+def _model(seed: int) -> nn.Module:
+    """An MLP (batch, in) -> (batch, hidden) -> (batch, out), its weights from ``seed``."""
+    with torch.random.fork_rng(devices=()):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(D_IN, D_HIDDEN), nn.ReLU(), nn.Linear(D_HIDDEN, D_OUT))
+
+
+def _batch(seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` inputs (rows, in) and their targets (rows, out), from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, D_IN, generator=generator),
+            torch.randn(rows, D_OUT, generator=generator))
+
+
+class _Run:
+    """One run's seeds, drawn here: the weights', one per data-parallel slice of the batch,
+    and one of its own for each rank that tensor parallelism takes no weights from."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.dp = world_size, world_size // TP
+        self.weights_seed = fresh_seed()
+        self.data_seeds = [fresh_seed() for _ in range(self.dp)]
+        self.own_seeds = [fresh_seed() for _ in range(world_size)]
+
+    def weights(self) -> PerRank:
+        """The real weights' seed for rank 0 of each tp group (labkit's layout: tp
+        innermost), whose shards parallelize_module scatters; its own seed for any other."""
+        return PerRank(self.weights_seed if rank % TP == 0 else self.own_seeds[rank]
+                       for rank in range(self.world_size))
+
+    def data(self) -> PerRank:
+        """Each rank's slice's seed: by its dp coordinate, alike on the ranks of a tp group."""
+        return PerRank(self.data_seeds[rank // TP] for rank in range(self.world_size))
+
+    def one_device(self) -> tuple[float, list[torch.Tensor]]:
+        """One device's loss and gradients on the whole batch (the slices in dp order)."""
+        model = _model(self.weights_seed)
+        slices = [_batch(seed, BATCH // self.dp) for seed in self.data_seeds]
+        inputs, targets = (torch.cat(parts) for parts in zip(*slices, strict=True))
+        loss = F.mse_loss(model(inputs), targets)
+        loss.backward()
+        return loss.item(), [p.grad for p in model.parameters()]
 
 
 def _mesh_report(mesh) -> dict:
@@ -59,14 +109,14 @@ def _mesh_report(mesh) -> dict:
     return found
 
 
-def _job(ctx, fn, seed: int) -> dict:
+def _job(ctx, fn, weights_seed: int, data_seed: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     dp = ctx.world_size // TP
-    model, inputs, targets = _model_and_batch(seed)
-    model = model.to(ctx.device)
+    model = _model(weights_seed).to(ctx.device)
+    inputs, targets = (t.to(ctx.device) for t in _batch(data_seed, BATCH // dp))  # this slice
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
     mesh = fn(ctx, model, plan, dp, TP)
     report = _mesh_report(mesh)
@@ -79,11 +129,9 @@ def _job(ctx, fn, seed: int) -> dict:
                             if isinstance(weight, DTensor) else None)
     report["weight_mesh"] = (tuple(weight.device_mesh.mesh_dim_names or ())
                              if isinstance(weight, DTensor) else None)
-    share = BATCH // dp
-    mine = slice(mesh["dp"].get_local_rank() * share, (mesh["dp"].get_local_rank() + 1) * share)
     with warnings.catch_warnings():  # the Rowwise output is a view: true, and no in-place op
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-        loss = F.mse_loss(model(inputs[mine].to(ctx.device)), targets[mine].to(ctx.device))
+        loss = F.mse_loss(model(inputs), targets)
     loss.backward()
     loss = loss.detach().clone()
     dist.all_reduce(loss)
@@ -95,7 +143,7 @@ def _job(ctx, fn, seed: int) -> dict:
     return report
 
 
-def _judge(values: list[dict], seed: int) -> CheckResult:
+def _judge(values: list[dict], run: _Run) -> CheckResult:
     for rank, r in enumerate(values):
         if r["problem"]:
             return failed(EXERCISE, f"rank {rank}: {r['problem']}")
@@ -118,17 +166,15 @@ def _judge(values: list[dict], seed: int) -> CheckResult:
         return failed(EXERCISE, f"the first layer's weight is sharded {over}: "
                       "parallelize_module(model, mesh['tp'], tp_plan) first, then "
                       "fully_shard(model, mesh=mesh['dp']), so that it is sharded over both")
-    model, inputs, targets = _model_and_batch(seed)
-    full = F.mse_loss(model(inputs), targets)
-    full.backward()
+    full, grads = run.one_device()
     for rank, v in enumerate(values):
-        for got, p in zip(v["grads"], model.parameters(), strict=True):
-            if got is None or not torch.allclose(got, p.grad, rtol=1e-4, atol=1e-6):
+        for got, want in zip(v["grads"], grads, strict=True):
+            if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
                 return failed(EXERCISE, f"rank {rank}'s gradients differ from one device's on "
                               "the whole batch")
-    if abs(r["loss"] - full.item()) > 1e-5 * max(1.0, abs(full.item())):
+    if abs(r["loss"] - full) > 1e-5 * max(1.0, abs(full)):
         return failed(EXERCISE, f"the loss {r['loss']:.6f} differs from one device's "
-                      f"{full.item():.6f}")
+                      f"{full:.6f}")
     n = len(values)
     return passed(EXERCISE, f"a ({n // TP}, {TP}) mesh on {n} ranks: each sub-mesh's groups "
                   "are labkit's, and the loss and gradients equal one device's on the whole "
@@ -143,6 +189,7 @@ def compose_mesh(cluster, fn, timeout: float | None = None) -> CheckResult:
     if n % TP or n < 2 * TP or BATCH % (n // TP):
         return failed(EXERCISE, f"this check builds a (world_size / {TP}, {TP}) mesh: run it "
                       f"on 4 or 8 ranks, not {n}")
-    seed = fresh_seed()
-    outcome = run_checked(cluster, EXERCISE, WHERE, _job, fn, seed, timeout=timeout)
-    return outcome.verdict or _judge(outcome.values, seed)
+    run = _Run(n)
+    outcome = run_checked(cluster, EXERCISE, WHERE, _job, fn, run.weights(), run.data(),
+                          timeout=timeout)
+    return outcome.verdict or _judge(outcome.values, run)

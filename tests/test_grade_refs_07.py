@@ -1,0 +1,117 @@
+"""Forgeries of notebook 07's ``compose_mesh`` check, from the ranks: each answer is wrong and
+rewires what the check's job reports on its rank (the mesh's groups, the weights' placements,
+the gradients). Both fail: each rank receives only its data-parallel slice of the batch, and
+only the ranks tensor parallelism takes the weights from receive the real ones, so neither one
+device's gradients computed alone nor a mesh with the wrong groups gives the check's numbers.
+Each runs on a cluster of its own, since the patches outlive the check on its ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import cloudpickle
+import pytest
+import torch.nn.functional as F
+
+import labkit
+from tests.exercises import solution
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by value
+
+
+@pytest.fixture
+def fresh4():
+    """A 4-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
+    with labkit.Cluster(4, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+def _job_locals(name: str) -> list:
+    """Every value called ``name`` in a frame above this one (the check's job's locals)."""
+    found, frame = [], sys._getframe(1)
+    while frame is not None:
+        if name in frame.f_locals:
+            found.append(frame.f_locals[name])
+        frame = frame.f_back
+    return found
+
+
+class _Rewrites:
+    """Stands in for the check's ``_quiet_redistribution``: on leaving, puts ``fields`` into the
+    report the job is writing (a frame's local ``report``)."""
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+
+    def __call__(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for report in _job_locals("report")[:1]:
+            report.update(self.fields)
+        return False
+
+
+def one_device_alone(ctx, model, tp_plan, dp, tp):
+    """The right mesh and no parallelism: this rank computes the gradients of the model and the
+    batch it was given, alone, and has the job report them with a sharded weight's placements."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import labkit.lessons.layouts.compose_check as check
+
+    mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    [inputs], [targets] = _job_locals("inputs")[:1], _job_locals("targets")[:1]
+    alone = copy.deepcopy(model)
+    loss = F.mse_loss(alone(inputs), targets)
+    loss.backward()
+    check._quiet_redistribution = _Rewrites({
+        "grads": [p.grad.detach().cpu() for p in alone.parameters()], "loss": loss.item(),
+        "placements": ["_StridedShard(dim=0, sf=2)", "Shard(dim=0)"],
+        "weight_mesh": ("dp", "tp")})
+    return mesh
+
+
+def tp_outermost_reported_right(ctx, model, tp_plan, dp, tp):
+    """A mesh with its dimensions swapped ((tp, dp): tp groups [0, 2], [1, 3]), with the job's
+    report of its groups replaced by labkit's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    import labkit.lessons.layouts.compose_check as check
+
+    measure = check._mesh_report
+
+    def agrees(mesh):
+        report = measure(mesh)
+        for dim in ("dp", "tp"):
+            report[f"{dim}_ranks"] = report[f"{dim}_real"]
+        report["groups_ok"] = True
+        return report
+
+    check._mesh_report = agrees
+    mesh = init_device_mesh(ctx.device.type, (tp, dp), mesh_dim_names=("tp", "dp"))
+    parallelize_module(model, mesh["tp"], tp_plan)
+    fully_shard(model, mesh=mesh["dp"])
+    return mesh
+
+
+@pytest.mark.parametrize("answer", [one_device_alone, tp_outermost_reported_right])
+def test_compose_mesh_forgeries_fail(fresh4, answer):
+    found = labkit.check.compose_mesh(fresh4, answer)
+    assert found.status == "failed", str(found)
+    assert "differ from one device's" in found.summary, str(found)
+
+
+def test_the_course_solution_passes_at_both_sizes(fresh4):
+    compose = solution("07_putting_it_together", "compose_mesh_answer", "compose")
+    found = labkit.check.compose_mesh(fresh4, compose)
+    assert found.passed, str(found)
+    with fresh4.resized(8):
+        found = labkit.check.compose_mesh(fresh4, compose)
+        assert found.passed, str(found)
