@@ -3,15 +3,25 @@
 The learner writes ``shard_model(model, mesh)``: ``fully_shard`` on each block of
 ``model.blocks``, then on the model itself (the root, which takes the parameters no unit inside
 it took: the embeddings, the final norm and the head). On every rank the check builds the zoo's
-GPT from a seed drawn for this run, calls the learner's function with the rank's fsdp mesh,
-and trains ``STEPS`` Adam steps on this rank's slice of each batch. Here, outside the ranks, it
-compares the weights and the first step's gradients (whose scale Adam's steps hide) with one
-device's Adam on the whole batches, and reads what each rank held: the FSDP units, its bytes of
-parameters at rest (about 1/N), the peak of its parameter memory during the steps (the suite's
-memory tracker: shards plus what is gathered at once) and the collectives of a step (one
-all-gather per unit forward). The check runs at the cluster's
-rank count and at a second one. labkit's own ``apply_fsdp`` (``labkit/parallel/sharded``)
-does the same, with the model's plan naming the units.
+GPT from a seed drawn for this run (the same on every rank: ``fully_shard`` chunks each rank's
+own copy, without communicating), calls the learner's function with the rank's fsdp mesh, and
+trains ``STEPS`` Adam steps on this rank's slice of each batch. Each rank's slices come from a
+seed of its own, sent to that rank alone (``private_seeds``, ``PerRank``): no rank holds the
+others' data, so the weights of one device's run on the whole batches can only be had from
+every rank's gradients.
+
+Here, outside the ranks, the check rebuilds the whole batches from all the seeds, runs one
+device's Adam on them, and compares the ranks' weights and first gradients (whose scale Adam's
+steps hide) with it. It reads the bytes each rank wrote to its TCP sockets (``SocketCount``,
+the kernel's count, on gloo): FSDP sends at least ``STEPS * fsdp_bytes`` (per step, (N-1)/N of
+the model all-gathered for forward, of the blocks again for backward, and of the gradients
+reduce-scattered: about 3(N-1)/N of the parameters' bytes), where an all-reduce of the
+gradients (DDP) sends 2(N-1)/N; fewer bytes fail, and when grading (``distrusted()``) so does a
+count that cannot be read. What each rank reports of itself (its FSDP units, its bytes of
+parameters at rest, about 1/N, the peak of its parameter memory during the steps, measured by
+the suite's memory tracker, and the collectives of a step) words the learner's messages. The
+check runs at the cluster's rank count and at a second one. labkit's own ``apply_fsdp``
+(``labkit/parallel/sharded``) does the same, with the model's plan naming the units.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import warnings
 
 import torch
 
-from labkit.lessons.exercise.outside import fresh_seed
+from labkit.lessons.exercise.outside import SocketCount, fresh_seed, private_seeds
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, describe_exception, run_checked
 from labkit.lessons.exercise.wire import Traffic
@@ -48,12 +58,25 @@ def small_gpt() -> GPT:
     return GPT(MODEL)
 
 
-def _inputs(seed: int):
-    """The model and ``STEPS`` batches of (tokens, next tokens), (BATCH, seq) each."""
+def _model(seed: int) -> GPT:
+    """The model, the same on every rank (``fully_shard`` chunks each rank's own copy)."""
     torch.manual_seed(seed)
-    model = GPT(MODEL)
-    return model, [tuple(torch.randint(MODEL.vocab_size, (BATCH, MODEL.seq_len))
-                         for _ in range(2)) for _ in range(STEPS)]
+    return GPT(MODEL)
+
+
+def _slices(seed: int, share: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One rank's slice of each of the ``STEPS`` batches, from that rank's private seed:
+    (tokens, next tokens), (share, seq) each."""
+    generator = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(MODEL.vocab_size, (share, MODEL.seq_len), generator=generator)
+                  for _ in range(2)) for _ in range(STEPS)]
+
+
+def _batches(seeds: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole batches: every rank's slice, in rank order, step by step."""
+    slices = [_slices(seed, BATCH // len(seeds)) for seed in seeds]
+    return [tuple(torch.cat([mine[step][k] for mine in slices]) for k in range(2))
+            for step in range(STEPS)]
 
 
 def _local(tensor):
@@ -67,15 +90,13 @@ def _units(model) -> list[str]:
 
 
 def _train(ctx, model, batches) -> dict:
-    """``STEPS`` Adam steps on this rank's slice of each batch, measured."""
+    """``STEPS`` Adam steps on this rank's slices of the batches (``batches``), measured."""
     tracker = MemoryTracker(ctx.rank)
     tracker.track_external(model)  # its parameters (this rank's shards) filed as parameters
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    share = BATCH // ctx.world_size
-    mine = slice(ctx.rank * share, (ctx.rank + 1) * share)
     passes, grads = [], None
     for tokens, targets in batches:
-        tokens, targets = tokens[mine].to(ctx.device), targets[mine].to(ctx.device)
+        tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
         with tracker:
             with Traffic() as forward:
                 loss = GPT.loss(model(tokens), targets)
@@ -98,13 +119,14 @@ def _whole(tensor) -> torch.Tensor:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu()
 
 
-def _job(ctx, shard_fn, seed: int) -> dict:
-    """The learner's wrapping of this rank's copy of the model, then training, measured."""
+def _job(ctx, shard_fn, model_seed: int, data_seed: int) -> dict:
+    """The learner's wrapping of this rank's copy of the model, then training on this rank's
+    slices (from its own ``data_seed``), measured."""
     from labkit.training.layout.layout import Layout
     from labkit.training.layout.mesh import mesh_for
 
-    model, batches = _inputs(seed)
-    model.to(ctx.device)
+    model = _model(model_seed).to(ctx.device)
+    batches = _slices(data_seed, BATCH // ctx.world_size)
     mesh = mesh_for(Layout(fsdp=ctx.world_size), ctx.device.type)["fsdp"]
     out = {}
     with warnings.catch_warnings():
@@ -125,9 +147,9 @@ def _job(ctx, shard_fn, seed: int) -> dict:
     return out
 
 
-def _reference(seed: int) -> dict:
+def _reference(model_seed: int, data_seeds: list[int]) -> dict:
     """One device's Adam on the whole batches: the weights, and the parameters' bytes."""
-    model, batches = _inputs(seed)
+    model, batches = _model(model_seed), _batches(data_seeds)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     grads = None
     for tokens, targets in batches:
@@ -142,6 +164,21 @@ def _reference(seed: int) -> dict:
             "outside_bytes": outside}
 
 
+def fsdp_bytes(ref: dict, n: int) -> float:
+    """The fewest bytes FSDP2 sends per rank in a step, in rings that send (N-1)/N of a tensor
+    per rank: every unit all-gathered for forward, the blocks again for backward (resharded
+    after forward; the root stays whole until its backward), every gradient reduce-scattered.
+    gloo reduce-scatters by an all-reduce (2(N-1)/N), and the job gathers the first gradients
+    and the last weights whole: a sharded run sends more than this, never less."""
+    blocks = ref["whole_bytes"] - ref["outside_bytes"]
+    return (n - 1) / n * (2 * ref["whole_bytes"] + blocks)
+
+
+def ddp_bytes(ref: dict, n: int) -> float:
+    """The bytes an all-reduce of every gradient moves per rank per step (DDP): 2(N-1)/N."""
+    return 2 * (n - 1) / n * ref["whole_bytes"]
+
+
 def fully_shard_model(cluster, shard_fn, timeout: float | None = None) -> CheckResult:
     """Check ``shard_fn(model, mesh)`` on a GPT, trained on every rank of ``cluster``."""
     n = cluster.world_size
@@ -151,32 +188,47 @@ def fully_shard_model(cluster, shard_fn, timeout: float | None = None) -> CheckR
 
 
 def _check(cluster, shard_fn, timeout: float | None) -> CheckResult:
-    from labkit.lessons.sharding.fsdp_problems import problems
+    from labkit.lessons.sharding.fsdp_problems import problems, wire_problems
 
-    n, seed = cluster.world_size, fresh_seed()
-    outcome = run_checked(cluster, EXERCISE, "shard_model", _job, shard_fn, seed,
-                          timeout=timeout)
+    n, model_seed = cluster.world_size, fresh_seed()
+    wire, data_seeds = SocketCount(cluster), private_seeds(n)
+    outcome = run_checked(cluster, EXERCISE, "shard_model", _job, shard_fn, model_seed,
+                          data_seeds, timeout=timeout)
+    on_wire = wire.sent()
     if outcome.verdict:
         return outcome.verdict
-    ref = _reference(seed)
+    ref = _reference(model_seed, data_seeds.values)
     ranks = outcome.values
     try:
         found, gap = problems(ranks, ref, n)
         measured = {"units": ranks[0]["units"], "held_bytes": [r["held_bytes"] for r in ranks],
                     "whole_bytes": ref["whole_bytes"],
                     "parameter_peaks": [r.get("parameter_peak") for r in ranks],
-                    "passes": ranks[0].get("passes")}
+                    "passes": ranks[0].get("passes"), "socket_bytes": on_wire,
+                    "fsdp_step_bytes": fsdp_bytes(ref, n), "ddp_step_bytes": ddp_bytes(ref, n)}
+        summary = "" if found else _summary(ranks, measured, gap, n)
     except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError):
         return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
                       "write: its code on that rank changed the check's measurements")
+    found = found or wire_problems(wire, on_wire, ref, n)
     if found:
         return failed(EXERCISE, found[0], found[1:], **measured)
-    whole = ref["whole_bytes"]
+    return passed(EXERCISE, summary, **measured)
+
+
+def _summary(ranks: list[dict], measured: dict, gap: float, n: int) -> str:
+    """What a passing wrapping did, in the learner's terms."""
+    whole, on_wire = measured["whole_bytes"], measured["socket_bytes"]
     gathers = ranks[0]["passes"][-1][0]["all_gather"][0]
-    return passed(EXERCISE, f"the model trains as on one device ({STEPS} Adam steps, weights "
-                  f"within {gap:.1g}); each rank holds "
-                  + ", ".join(f"{r['held_bytes'] / whole:.0%}" for r in ranks)
-                  + f" of the {format_bytes(whole)} of parameters (1/N = {1 / n:.0%}); forward "
-                  f"gathers one unit at a time ({gathers} all-gathers), so parameters peaked at "
-                  f"{format_bytes(max(measured['parameter_peaks']))} per rank, below the whole "
-                  "model that DDP keeps on every rank.", **measured)
+    sockets = "" if on_wire is None else (
+        f"; each rank's sockets carried {format_bytes(min(on_wire))} or more (the kernel's "
+        f"count), at least what FSDP's {STEPS} steps send ("
+        f"{format_bytes(STEPS * measured['fsdp_step_bytes'])}; an all-reduce of the "
+        f"gradients, as DDP's: {format_bytes(STEPS * measured['ddp_step_bytes'])})")
+    return (f"the model trains as on one device ({STEPS} Adam steps, weights within "
+            f"{gap:.1g}); each rank holds "
+            + ", ".join(f"{r['held_bytes'] / whole:.0%}" for r in ranks)
+            + f" of the {format_bytes(whole)} of parameters (1/N = {1 / n:.0%}); forward "
+            f"gathers one unit at a time ({gathers} all-gathers), so parameters peaked at "
+            f"{format_bytes(max(measured['parameter_peaks']))} per rank, below the whole "
+            f"model that DDP keeps on every rank{sockets}.")

@@ -1,12 +1,20 @@
 """What is wrong with a learner's FSDP2 wrapping of a GPT, in the learner's terms: read from
 what the ranks reported (their units, bytes, parameter peaks, collectives and trained weights)
-beside one device's run (``fsdp_check.py``)."""
+beside one device's run (``fsdp_check.py``), and from the bytes the kernel counted on each
+rank's sockets."""
 
 from __future__ import annotations
 
 import torch
 
-from labkit.lessons.sharding.fsdp_check import BLOCKS, GRAD_TOLERANCE, STEPS, TOLERANCE
+from labkit.lessons.sharding.fsdp_check import (
+    BLOCKS,
+    GRAD_TOLERANCE,
+    STEPS,
+    TOLERANCE,
+    ddp_bytes,
+    fsdp_bytes,
+)
 from labkit.runtime.memory import format_bytes
 
 WRAP = ("call fully_shard(block, mesh=mesh) on each block of model.blocks, then "
@@ -124,3 +132,23 @@ def problems(ranks: list[dict], ref: dict, n: int) -> tuple[list[str], float]:
         worst = max(worst, gap)
         values, memory = values or mine, memory or memory_problems(r, rank, ref, n)
     return list(dict.fromkeys(found + values + memory)), worst
+
+
+
+def wire_problems(wire, on_wire: list[int] | None, ref: dict, n: int) -> list[str]:
+    """Whether each rank's sockets carried what FSDP's ``STEPS`` steps send (the kernel's
+    count, ``on_wire``, read outside the ranks): an all-reduce of the gradients (DDP) or
+    training alone sends less, whatever the ranks report of their units and collectives."""
+    if on_wire is None:
+        return [wire.unmeasured()] if wire.required else []
+    fsdp, ddp = STEPS * fsdp_bytes(ref, n), STEPS * ddp_bytes(ref, n)
+    for r, sent in enumerate(on_wire):
+        if sent < fsdp:
+            return [f"{format_bytes(sent)} crossed rank {r}'s sockets during the check (the "
+                    f"kernel's count, read outside the ranks), less than FSDP sends in {STEPS} "
+                    f"steps ({format_bytes(fsdp)}: every unit's parameters all-gathered for "
+                    "forward, the blocks' again for backward, every gradient reduce-scattered;"
+                    f" an all-reduce of the gradients, as DDP's, sends {format_bytes(ddp)}): "
+                    "whatever the ranks reported, the model was not trained as FSDP units; "
+                    f"{WRAP}, and let FSDP do the communication"]
+    return []
