@@ -60,6 +60,7 @@ def test_the_kernel_counts_what_a_socket_carried():
             peer.sendall(b"y" * 300)
             after = WireSnapshot([os.getpid()])
     assert after.sent_since(before) == [10_300]  # both ends are this process's
+    assert after.received_since(before) == [10_300]
 
 
 @linux
@@ -84,9 +85,9 @@ def _swap(ctx, numel):
 def test_socket_count_sees_every_byte_a_job_sends(two):
     count = SocketCount(two)
     two.run(_swap, 100_000)
-    on_wire = count.sent()
+    on_wire, received = count.sent(), count.received()
     assert count.problem is None
-    for counted in on_wire:
+    for counted in on_wire + received:  # each rank sends its 400 kB and receives the other's
         assert 400_000 <= counted <= 400_000 + framing_allowed(1, 1)
 
 

@@ -7,10 +7,12 @@ computed on any rank without receiving them. So a check that must hold against s
 
 * ``private_seeds(n)``: one random seed per rank, drawn here (``secrets``) for each run and
   sent to that rank alone (``PerRank``): no rank can compute another rank's data, and the
-  check computes the expected result from the seeds itself;
-* ``SocketCount``: the bytes that crossed each rank's TCP sockets during the run, read by this
-  process from the kernel's counters (``labkit/runtime/comm/sockets.py``), to set beside the
-  bytes the rank reports and beside what the algorithm needs.
+  check computes the expected result from the seeds itself (a seed is 8 bytes a rank could
+  pass on: where the bytes another rank must receive are what a check measures, it sends the
+  tensors made from the seed instead);
+* ``SocketCount``: the bytes that crossed each rank's TCP sockets during the run, sent and
+  received, read by this process from the kernel's counters (``labkit/runtime/comm/sockets.py``),
+  to set beside the bytes the rank reports and beside what the algorithm needs.
 
 Where the kernel's counters cannot be read (not Linux, a rank whose ``/proc`` entries are
 closed to this process), a check in a notebook goes on without them; the grader
@@ -49,8 +51,9 @@ def _ready(ctx) -> int:
 
 class SocketCount:
     """``count = SocketCount(cluster)`` (the ranks started if needed, then a first reading);
-    run the job; ``count.sent()``: the bytes each rank wrote to its TCP sockets since, or None
-    with ``count.problem`` saying why they could not be counted."""
+    run the job; ``count.sent()``: the bytes each rank wrote to its TCP sockets since
+    (``count.received()``: the bytes they received), or None with ``count.problem`` saying why
+    they could not be counted."""
 
     def __init__(self, cluster, timeout: float = 30.0):
         self.problem, self._first, self._cluster = None, None, cluster
@@ -73,10 +76,18 @@ class SocketCount:
         return pids
 
     def sent(self) -> list[int] | None:
+        return self._since("sent_since")
+
+    def received(self) -> list[int] | None:
+        """The bytes each rank's sockets received since the first reading (from its peers or
+        from the cluster's store), or None with ``problem`` saying why."""
+        return self._since("received_since")
+
+    def _since(self, method: str) -> list[int] | None:
         if self._first is None:
             return None
         try:
-            return WireSnapshot(self._pids()).sent_since(self._first)
+            return getattr(WireSnapshot(self._pids()), method)(self._first)
         except Unmeasurable as why:
             self.problem = str(why)
             return None

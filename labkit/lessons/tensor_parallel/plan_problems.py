@@ -3,7 +3,8 @@
 ``describe_plan`` runs on a rank: what each entry of the plan names (a module of the block? of
 which kind?) and maps it to. ``plan_problems`` reads that description here and says which
 module is split the wrong way and why; ``measured_problems`` says what the ranks' run found
-different from one device (values, shards, bytes, collectives). ``plan_check.py`` puts them
+different from one device (values, shards, bytes, collectives); ``wire_problems`` what the
+kernel counted on the ranks' sockets beside what the split needs. ``plan_check.py`` puts them
 together into the verdict.
 """
 
@@ -151,7 +152,17 @@ def _values(r: int, found: dict, ref: dict) -> dict[str, str]:
     return problems
 
 
-def _shards(r: int, params: dict, ref: dict) -> dict[str, str]:
+def _own_copies(values: list[dict], ref: dict) -> bool:
+    """Whether a rank holds a whole copy of a weight Megatron splits: the plan left its layer
+    out, so the layer keeps that rank's own weights (only rank 0's are the block's, and
+    parallelize_module hands out rank 0's for the layers the plan names), and the values the
+    ranks computed say nothing of the plan (its shape says what is wrong)."""
+    return any(tuple(mine["shape"]) == ref["shapes"][name] != tuple(grads[0].shape)
+               for rank in values for name, grads in ref["grads"].items()
+               if (mine := rank.get("params", {}).get(name)) is not None)
+
+
+def _shards(r: int, params: dict, ref: dict, compare: bool = True) -> dict[str, str]:
     problems = {}
     for name, grads in ref["grads"].items():
         mine, expected = params.get(name), grads[r]
@@ -163,7 +174,7 @@ def _shards(r: int, params: dict, ref: dict) -> dict[str, str]:
             whole = " (the whole tensor)" if tuple(mine["shape"]) == ref["shapes"][name] else ""
             problems[name] = (f"{name} is of shape {tuple(mine['shape'])} on each rank"
                               f"{whole}; its 1/N shard is {tuple(expected.shape)}")
-        elif not _close(mine["grad"], expected):
+        elif compare and not _close(mine["grad"], expected):
             problems[name] = (f"the gradient of {name} on rank {r} is not its slice of one "
                               "device's")
     held = sum(p["bytes"] for p in params.values())
@@ -194,12 +205,38 @@ def measured_problems(values: list[dict], ref: dict, n: int) -> list[str]:
     """What the ranks' run found different from one device (one message per kind, from the
     first rank that shows it)."""
     found: dict[str, str] = {}
+    compare = not _own_copies(values, ref)
     for r, rank in enumerate(values):
         if "error" in rank:
             found.setdefault("error", f"on rank {r}, parallelize_module or the block's forward "
                                       f"and backward raised {rank['error']}")
             continue
-        for kind, message in {**_values(r, rank, ref), **_shards(r, rank["params"], ref),
+        for kind, message in {**(_values(r, rank, ref) if compare else {}),
+                              **_shards(r, rank["params"], ref, compare),
                               **_passes(rank, n)}.items():
             found.setdefault(kind, message)
     return list(found.values())
+
+
+def wire_problems(wire, received: list[int] | None, ref: dict, n: int) -> list[str]:
+    """The bytes that reached each rank's sockets (``received``: the kernel's count, read
+    outside the ranks) beside what tensor parallelism sends it. Rank 0 holds the block's
+    weights; any other rank receives from it its shards of the split weights and the whole
+    biases (``scatter_bytes``), then the all-reduced activations. Computing the whole block on
+    a rank takes a whole copy of rank 0's weights instead: Megatron's split stays well below
+    that on 2 and 4 ranks (about 3/4 and 2/3 of it, activations and gloo's framing included),
+    the copy cannot."""
+    if n == 1:
+        return []
+    if received is None:
+        return [wire.unmeasured()] if wire.required else []
+    copy = ref["whole_bytes"] - ref["norm_bytes"]  # the norms are the same on every rank
+    for rank, got in enumerate(received[1:], start=1):
+        if got >= copy:
+            return [f"{format_bytes(got)} reached rank {rank}'s sockets during the run (the "
+                    "kernel's count, outside the rank): a whole copy of the block's weights "
+                    f"({format_bytes(copy)}) or more. Tensor parallelism sends each rank only "
+                    f"its shards of the split weights and the whole biases "
+                    f"({format_bytes(ref['scatter_bytes'])}), then the all-reduced "
+                    "activations: was the whole block sent to every rank and run there?"]
+    return []
