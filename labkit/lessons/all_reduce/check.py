@@ -23,6 +23,7 @@ from labkit.lessons.exercise.outside import (
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, run_checked
 from labkit.lessons.exercise.wire import Traffic
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.memory import format_bytes
 
 EXERCISE = "ring_all_reduce"
@@ -39,8 +40,8 @@ def _data(seed: int, world_size: int) -> torch.Tensor:
     return torch.randint(-8, 9, (world_size * CHUNK_ELEMENTS,), generator=generator).float()
 
 
-def _job(ctx, fn, seed: int) -> dict:
-    tensor = _data(seed, ctx.world_size).to(ctx.device)
+def _job(ctx, fn, data: torch.Tensor) -> dict:
+    tensor = data.to(ctx.device)
     with Traffic() as traffic:
         out = fn(ctx, tensor)
     found = {"traffic": traffic.to_dict(), "out": None, "type": type(out).__name__,
@@ -163,13 +164,18 @@ def _result_problems(ranks: list[dict], inputs: list[torch.Tensor]) -> list[str]
 
 def _check(cluster, fn, timeout: float | None) -> CheckResult:
     n = cluster.world_size
-    wire, seeds = SocketCount(cluster), private_seeds(n)
-    outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, seeds,
+    # Each rank's input as a tensor, drawn here: a seed is 8 bytes a rank could pass on,
+    # letting every rank make every input and sum them alone; a tensor cannot be sent in
+    # fewer bytes than it holds (integers in [-8, 8]: about 4 bits of 32 carry information,
+    # so even compressed it costs a fair share of what the ring sends).
+    inputs = [_data(seed, n) for seed in private_seeds(n).values]
+    wire = SocketCount(cluster)
+    outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, PerRank(inputs),
                           timeout=timeout, hang_hint=HANG_HINT)
     on_wire = wire.sent()
     if outcome.verdict:
         return outcome.verdict
-    ranks, inputs = outcome.values, [_data(seed, n) for seed in seeds.values]
+    ranks = outcome.values
     nbytes = inputs[0].nbytes
     if bad := [rank for rank, r in enumerate(ranks) if not _well_formed(r)]:
         return failed(EXERCISE, f"rank {bad[0]} sent back a report that labkit's check does "
