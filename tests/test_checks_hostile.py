@@ -53,10 +53,10 @@ def ring_in_float64(ctx, tensor):
 def test_ring_bytes_match_the_formula_by_hand_and_a_swap_is_not_a_ring(two):
     found = labkit.check.ring_all_reduce(two, ring_reference())
     assert found.passed, str(found)
-    # by hand: 2 ranks x 256 float32 = 2048 B; a ring sends 2 (N-1)/N of it = 2048 B per rank
-    assert found.measured["sent_bytes"] == [2048, 2048]
+    # by hand: 2 ranks x 1024 float32 = 8192 B; a ring sends 2 (N-1)/N of it = 8192 B a rank
+    assert found.measured["sent_bytes"] == [8192, 8192]
     assert found.measured["also_passed_on"] == 4
-    assert "sent 2 KiB in one message, 2x a chunk" in verdict(labkit.check.ring_all_reduce,
+    assert "sent 8 KiB in one message, 2x a chunk" in verdict(labkit.check.ring_all_reduce,
                                                               two, swap_whole_tensor)
     assert "returned torch.float64, the input was torch.float32" in verdict(
         labkit.check.ring_all_reduce, two, ring_in_float64)

@@ -71,3 +71,16 @@ def test_the_course_ring_still_passes(two):
     found = labkit.check.ring_all_reduce(two, solution("00_your_cluster", "ring_all_reduce_answer",
                                                        "ring_all_reduce"))
     assert found.passed, str(found)
+
+
+def test_other_ranks_inputs_do_not_fit_in_what_a_ring_may_send():
+    """From 4 ranks up, the random bits of the N-1 other inputs exceed the bytes the check lets
+    a rank's sockets carry: no rank can gather them, however packed, and sum alone."""
+    from labkit.lessons.all_reduce.check import CHUNK_ELEMENTS, VALUE_BITS, _data, ring_allowance
+
+    for n in (4, 8):
+        data = _data(1, n)
+        assert data.numel() == n * CHUNK_ELEMENTS
+        assert len(torch.unique(data)) > 0.99 * data.numel()  # ~20 random bits, not a few
+        information = (n - 1) * data.numel() * VALUE_BITS / 8
+        assert information > 1.1 * ring_allowance(data.nbytes, n), n

@@ -4,10 +4,11 @@ The learner writes ``ring_all_reduce(ctx, tensor)`` that returns the sum of ``te
 ranks, using only ``dist.send``/``dist.recv`` (or ``isend``/``irecv``). A ring does it in two
 phases of N-1 steps each (reduce-scatter, then all-gather), passing one chunk of 1/N of the
 tensor per step, so each rank sends 2(N-1)/N of the tensor: the figure that makes the ring
-bandwidth-optimal (Patarasuk & Yuan, 2009). The check runs it on every rank on integer-valued
-data (so sums are exact) and compares the result (values, dtype, device), the bytes each rank
-sent and the largest single message: on 2 ranks, swapping the whole tensor once sends as many
-bytes as a ring, but in one message of the whole tensor instead of two chunks of half of it.
+bandwidth-optimal (Patarasuk & Yuan, 2009). The check runs it on every rank on data whose
+sums are exact in float32 (multiples of 2**-20) and compares the result (values, dtype,
+device), the bytes each rank sent and the largest single message: on 2 ranks, swapping the
+whole tensor once sends as many bytes as a ring, but in one message of the whole tensor
+instead of two chunks of half of it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.memory import format_bytes
 
 EXERCISE = "ring_all_reduce"
-CHUNK_ELEMENTS = 256  # per rank: the tensor has world_size * 256 float32 values
+CHUNK_ELEMENTS = 1024  # per rank: the tensor has world_size * 1024 float32 values
+# Each value is k / 2**20 for a random integer k in [-2**19, 2**19): sums of up to 8 of them are
+# exact in float32 (in any order), and each carries 20 random bits, so the inputs of N-1 other
+# ranks cannot be squeezed into the bytes a ring may send from 4 ranks up (see ring_allowance).
+VALUE_BITS = 20
 HANG_HINT = ("With blocking dist.send and dist.recv, if every rank sends first, each one "
              "waits for a receiver that is itself still sending (gloo and NCCL do not buffer "
              "a send): start the receive with dist.irecv before sending, send with dist.isend, "
@@ -35,9 +40,18 @@ HANG_HINT = ("With blocking dist.send and dist.recv, if every rank sends first, 
 
 
 def _data(seed: int, world_size: int) -> torch.Tensor:
-    """A rank's input: integers in [-8, 8] as float32, from its private seed."""
+    """A rank's input: multiples of 2**-20 in [-0.5, 0.5) as float32, from ``seed``."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(-8, 9, (world_size * CHUNK_ELEMENTS,), generator=generator).float()
+    half = 2 ** (VALUE_BITS - 1)
+    return torch.randint(-half, half, (world_size * CHUNK_ELEMENTS,),
+                         generator=generator).float() / 2 ** VALUE_BITS
+
+
+def ring_allowance(nbytes: int, n: int) -> float:
+    """The most bytes a rank's sockets may carry in the check: a ring's 2(N-1)/N of the
+    tensor, 1% more, and gloo's framing of up to twice a ring's 2(N-1) sends and receives."""
+    calls = 4 * (n - 1)
+    return 1.01 * 2 * (n - 1) / n * nbytes + framing_allowed(calls, calls)
 
 
 def _job(ctx, fn, data: torch.Tensor) -> dict:
@@ -135,9 +149,7 @@ def _wire_problems(ranks: list[dict], wire: SocketCount, on_wire: list[int] | No
     reported and what a ring needs (2(N-1) sends and as many receives, framed by gloo)."""
     if on_wire is None:
         return [wire.unmeasured()] if wire.required else []
-    ring = 2 * (n - 1) / n * nbytes
-    calls = 4 * (n - 1)  # up to twice a ring's 2(N-1) sends and as many receives
-    allowed = 1.01 * ring + framing_allowed(calls, calls)
+    ring, allowed = 2 * (n - 1) / n * nbytes, ring_allowance(nbytes, n)
     problems = []
     for rank, (r, sent) in enumerate(zip(ranks, on_wire, strict=True)):
         t = r["traffic"]
@@ -166,8 +178,7 @@ def _check(cluster, fn, timeout: float | None) -> CheckResult:
     n = cluster.world_size
     # Each rank's input as a tensor, drawn here: a seed is 8 bytes a rank could pass on,
     # letting every rank make every input and sum them alone; a tensor cannot be sent in
-    # fewer bytes than it holds (integers in [-8, 8]: about 4 bits of 32 carry information,
-    # so even compressed it costs a fair share of what the ring sends).
+    # fewer bytes than its VALUE_BITS random bits a value.
     inputs = [_data(seed, n) for seed in private_seeds(n).values]
     wire = SocketCount(cluster)
     outcome = run_checked(cluster, EXERCISE, "ring_all_reduce", _job, fn, PerRank(inputs),
