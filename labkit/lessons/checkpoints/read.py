@@ -61,7 +61,7 @@ class MetadataUnpickler(pickle._Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in _DCP_RECORDS:
             return _DCP_RECORDS[(module, name)]
-        value = getattr(torch, name, None) if module == "torch" else None
+        value = vars(torch).get(name) if module == "torch" else None  # no lazy imports
         if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
             return value
         if module == "pathlib" and name in _PATHS:
