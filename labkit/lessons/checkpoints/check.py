@@ -3,20 +3,29 @@
 The learner writes ``TrainingState(model, optimizer, step)``, a DCP ``Stateful`` with
 ``state_dict()`` and ``load_state_dict(state_dict)``. On every rank the check trains a small
 MLP (in float64) under DDP for two steps, saves ``{"train": TrainingState(...)}`` with
-``dcp.save``, trains two more (the uninterrupted run), then builds a fresh model and optimizer
-with other weights, loads the checkpoint into a new ``TrainingState`` and trains from the step
-it restored. The weights, the data and the fresh model's other weights come from seeds drawn
-for each run, each rank receiving only its own slice of each batch. The ranks return what was
-restored (the step, the weights, Adam's moments) and the losses; the check trains the same
-model on one device in its own process and compares: the restored weights and moments with
-its own at the saved step, both runs' losses with its own. The resumed losses must also equal
-the uninterrupted ones bit for bit on the ranks; if not, the check says what was not
-restored: the step (the data position), the weights, or Adam's moments.
+``dcp.save`` into a folder the check chose, trains two more (the uninterrupted run), then
+builds a fresh model and optimizer with other weights, loads the checkpoint into a new
+``TrainingState`` and trains from the step it restored. The weights, the data and the fresh
+model's other weights come from seeds drawn for each run, each rank receiving only its own
+slice of each batch. The ranks return what was restored (the step, the weights, Adam's
+moments) and the losses; the resumed losses must equal the uninterrupted ones bit for bit,
+and if not, the check says what was not restored: the step (the data position), the weights,
+or Adam's moments.
+
+What a pass rests on is measured outside the ranks. The check trains the same model on one
+device in its own process and compares both runs' losses with its own; it reads the
+checkpoint the ranks saved itself (``read.py``: DCP's records only, never a pickle's code) and
+finds one device's weights and Adam moments at the saved step in it; then it writes a
+checkpoint of its own with the same entries holding another run's state at another step
+(``reference.write_own``), which no rank trained to, and has a fresh ``TrainingState`` on the
+ranks load it and train on: the step it restored and the losses must be one device's from
+that state. A ``TrainingState`` that keeps Adam's state (or anything else) in the rank's
+memory instead of the checkpoint fails one or the other.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import tempfile
 
 import torch
@@ -24,18 +33,36 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.nn.parallel import DistributedDataParallel
 
+from labkit.lessons.checkpoints.read import Unreadable, read_checkpoint
+from labkit.lessons.checkpoints.reference import (
+    BATCH,
+    DTYPE,
+    LR,
+    MODEL,
+    MOMENTS,
+    RESUMED_AT,
+    SAVED_AT,
+    STEPS,
+    adam_moments,
+    batches,
+    close,
+    fmt,
+    losses_close,
+    match,
+    missing,
+    one_device,
+    write_own,
+)
 from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
-from labkit.models import MLPConfig, build_model, loss_fn, make_batch
+from labkit.models import build_model, loss_fn, make_batch
 from labkit.runtime.cluster.per_rank import PerRank
 
 EXERCISE = "training_state"
 WHERE = "TrainingState"
-MODEL = MLPConfig(d_in=16, d_hidden=32, n_layers=3, d_out=4)
-BATCH, SAVED_AT, STEPS, LR = 16, 2, 4, 1e-2
-DTYPE = torch.float64  # one device's sums equal DDP's to ~1e-15; compared at ~1e-9
-MOMENTS = ("step", "exp_avg", "exp_avg_sq")  # Adam's state per parameter
+REWIRED = ("a rank sent back a report that labkit's check does not write: its code on that "
+           "rank changed the check's measurements")
 
 
 def _train(ctx, model, optimizer, steps, batches=None) -> list[float]:
@@ -66,14 +93,6 @@ def _fresh(ctx, seed: int, dtype: torch.dtype = torch.float32):
     return model, torch.optim.Adam(model.parameters(), lr=LR)
 
 
-def _batches(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every step's whole batch from ``seed``: inputs (steps, batch, d_in), targets (steps,
-    batch, d_out), in ``DTYPE``."""
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(STEPS, BATCH, MODEL.d_in, generator=generator, dtype=DTYPE),
-            torch.randn(STEPS, BATCH, MODEL.d_out, generator=generator, dtype=DTYPE))
-
-
 def _slices(batches, world_size: int) -> PerRank:
     """Each rank's slice of every step's batch, for rank r alone."""
     share = BATCH // world_size
@@ -81,35 +100,34 @@ def _slices(batches, world_size: int) -> PerRank:
                    for r in range(world_size))
 
 
-def _adam_moments(optimizer) -> list[dict]:
-    """Per parameter, in order: Adam's state tensors by name (empty before its first step)."""
-    return [{k: v.detach().cpu().clone() for k, v in optimizer.state.get(p, {}).items()
-             if k in MOMENTS and isinstance(v, torch.Tensor)}
-            for group in optimizer.param_groups for p in group["params"]]
+def _restored(ctx, model, optimizer, step, batches) -> dict:
+    """What a load put back (the step, the weights, Adam's state), and the run resumed from
+    the step it restored."""
+    found = {"step": step, "weights": [p.detach().cpu().clone() for p in model.parameters()],
+             "moments": adam_moments(optimizer)}  # before the resumed run moves them
+    found["resumed"] = (_train(ctx, model, optimizer, range(step, STEPS), batches)
+                        if isinstance(step, int) and 0 <= step <= STEPS else [])
+    return found
 
 
-def _job(ctx, state_class, weights_seed: int, other_seed: int, batches) -> dict:
-    folder = [tempfile.mkdtemp(prefix="labkit-check-") if ctx.rank == 0 else None]
-    dist.broadcast_object_list(folder, src=0)
-    try:
-        model, optimizer = _fresh(ctx, weights_seed, DTYPE)
-        _train(ctx, model, optimizer, range(SAVED_AT), batches)
-        dcp.save({"train": state_class(model, optimizer, SAVED_AT)}, checkpoint_id=folder[0])
-        uninterrupted = _train(ctx, model, optimizer, range(SAVED_AT, STEPS), batches)
-        model, optimizer = _fresh(ctx, other_seed, DTYPE)  # other weights, no Adam state
-        restored = state_class(model, optimizer, 0)
-        dcp.load({"train": restored}, checkpoint_id=folder[0])
-        weights = [p.detach().cpu().clone() for p in model.parameters()]
-        moments = _adam_moments(optimizer)
-        step = _whole(restored.step)
-        resumed = _train(ctx, model, optimizer, range(step, STEPS), batches) if isinstance(
-            step, int) and 0 <= step <= STEPS else []
-    finally:
-        dist.barrier()
-        if ctx.rank == 0:
-            shutil.rmtree(folder[0], ignore_errors=True)
-    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step,
-            "weights": weights, "moments": moments}
+def _job(ctx, state_class, weights_seed: int, other_seed: int, batches, folder: str) -> dict:
+    model, optimizer = _fresh(ctx, weights_seed, DTYPE)
+    _train(ctx, model, optimizer, range(SAVED_AT), batches)
+    dcp.save({"train": state_class(model, optimizer, SAVED_AT)}, checkpoint_id=folder)
+    uninterrupted = _train(ctx, model, optimizer, range(SAVED_AT, STEPS), batches)
+    model, optimizer = _fresh(ctx, other_seed, DTYPE)  # other weights, no Adam state
+    restored = state_class(model, optimizer, 0)
+    dcp.load({"train": restored}, checkpoint_id=folder)
+    return {"uninterrupted": uninterrupted,
+            **_restored(ctx, model, optimizer, _whole(restored.step), batches)}
+
+
+def _resume_job(ctx, state_class, other_seed: int, batches, folder: str) -> dict:
+    """Load the check's own checkpoint into a fresh TrainingState, and train on from it."""
+    model, optimizer = _fresh(ctx, other_seed, DTYPE)
+    restored = state_class(model, optimizer, 0)
+    dcp.load({"train": restored}, checkpoint_id=folder)
+    return _restored(ctx, model, optimizer, _whole(restored.step), batches)
 
 
 def _whole(step):
@@ -120,48 +138,20 @@ def _whole(step):
     return step
 
 
-def _reference(weights_seed: int, batches) -> dict:
-    """One device's run, here: the weights and Adam's state at the saved step, every loss."""
-    model = build_model(MODEL, "cpu", seed=weights_seed, dtype=DTYPE)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    out = {"losses": []}
-    for step in range(STEPS):
-        if step == SAVED_AT:
-            out["weights"] = [p.detach().clone() for p in model.parameters()]
-            out["moments"] = _adam_moments(optimizer)
-        loss = loss_fn(MODEL)(model(batches[0][step]), batches[1][step])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        out["losses"].append(loss.item())
-    return out
-
-
-def _close(found, want) -> bool:
-    return (isinstance(found, torch.Tensor) and found.shape == want.shape
-            and found.dtype == want.dtype and torch.allclose(found, want, rtol=1e-9,
-                                                             atol=1e-10))
-
-
-def _losses_close(found: list, want: list) -> bool:
-    return len(found) == len(want) and all(
-        abs(a - b) <= 1e-9 * abs(b) + 1e-12 for a, b in zip(found, want, strict=True))
-
-
-def _well_formed(r) -> bool:
-    """Whether a rank's report has the shape ``_job`` gives it (a rank's code may change it)."""
+def _well_formed(r, *runs: str) -> bool:
+    """Whether a rank's report has the shape a job gives it (a rank's code may change it)."""
     def floats(value):
         return isinstance(value, list) and all(type(x) is float for x in value)
-    return (isinstance(r, dict) and floats(r.get("uninterrupted")) and floats(r.get("resumed"))
+    return (isinstance(r, dict) and all(floats(r.get(run)) for run in runs)
             and isinstance(r.get("weights"), list) and isinstance(r.get("moments"), list)
             and all(isinstance(m, dict) for m in r["moments"]) and "step" in r)
 
 
-def _judge(values: list, ref: dict) -> CheckResult:
-    if not all(_well_formed(v) for v in values):
-        return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
-                      "write: its code on that rank changed the check's measurements")
-    r = values[0]
+def _judge(values: list, ref: dict) -> CheckResult | None:
+    """What the ranks reported of the first run, set beside one device's (``ref``)."""
+    if not all(_well_formed(v, "uninterrupted", "resumed") for v in values):
+        return failed(EXERCISE, REWIRED)
+    r, saved = values[0], ref["states"][SAVED_AT]
     if not isinstance(r["step"], int) or isinstance(r["step"], bool):
         return failed(EXERCISE, f"the step came back as {r['step']!r} "
                       f"({type(r['step']).__name__}), not a whole number: the resumed run "
@@ -174,54 +164,125 @@ def _judge(values: list, ref: dict) -> CheckResult:
                       "position: a resumed run would repeat or skip batches.",
                       ["put the step in state_dict() and set self.step in load_state_dict()"])
     for rank, v in enumerate(values):
-        if not _losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
+        if not losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
             return failed(EXERCISE, f"the uninterrupted losses rank {rank} reported, "
-                          f"{_fmt(v['uninterrupted'])}, are not the ones the check's model "
-                          f"and data give ({_fmt(ref['losses'][SAVED_AT:])}, computed outside "
+                          f"{fmt(v['uninterrupted'])}, are not the ones the check's model "
+                          f"and data give ({fmt(ref['losses'][SAVED_AT:])}, computed outside "
                           "the ranks): its code on that rank changed the check's measurements")
-    if not all(len(v["weights"]) == len(ref["weights"]) and all(
-            _close(w, want) for w, want in zip(v["weights"], ref["weights"], strict=True))
-            for v in values):
+    if not all(_weights_back(v["weights"], saved["weights"]) for v in values):
         return failed(EXERCISE, "the model's weights were not restored: after dcp.load the "
                       "fresh model still has its own weights",
                       ["state_dict() must return the model's state (get_state_dict), and "
                        "load_state_dict() must load it into the model (set_state_dict)"])
-    if not all(_moments_back(v["moments"], ref["moments"]) and v["resumed"] == v["uninterrupted"]
-               and _losses_close(v["resumed"], ref["losses"][SAVED_AT:]) for v in values):
+    if not all(_moments_back(v["moments"], saved["moments"]) and v["resumed"] == v[
+            "uninterrupted"] and losses_close(v["resumed"], ref["losses"][SAVED_AT:])
+               for v in values):
         return failed(EXERCISE, "the weights came back but Adam's state did not: the resumed "
-                      f"losses {_fmt(r['resumed'])} differ from the uninterrupted run's "
-                      f"{_fmt(r['uninterrupted'])}",
+                      f"losses {fmt(r['resumed'])} differ from the uninterrupted run's "
+                      f"{fmt(r['uninterrupted'])}",
                       ["Adam keeps two moments per parameter and a step count: save and load "
                        "the optimizer's state too (get_state_dict / set_state_dict)"])
-    return passed(EXERCISE, f"resumed at step {SAVED_AT} on {len(values)} ranks, the losses "
-                  f"of steps {SAVED_AT}-{STEPS - 1} equal the uninterrupted run's bit for bit",
-                  ["and one device's, computed by the check outside the ranks, as are the "
-                   "restored weights and Adam's moments"],
-                  uninterrupted=r["uninterrupted"], resumed=r["resumed"])
+    return None
+
+
+def _weights_back(found: list, want: list) -> bool:
+    return len(found) == len(want) and all(close(w, x) for w, x in zip(found, want, strict=True))
 
 
 def _moments_back(found: list, want: list) -> bool:
-    """Whether ``found`` (a rank's restored Adam state) is one device's at the saved step."""
+    """Whether ``found`` (a rank's restored Adam state) is one device's ``want``."""
     def same(f: dict, w: dict) -> bool:
         step = f.get("step")
         return (set(f) == set(w) and isinstance(step, torch.Tensor) and step.numel() == 1
                 and step.item() == w["step"].item()
-                and all(_close(f[k], w[k]) for k in MOMENTS[1:]))
+                and all(close(f[k], w[k]) for k in MOMENTS[1:]))
     return len(found) == len(want) and all(same(f, w) for f, w in zip(found, want, strict=True))
 
 
-def _fmt(losses) -> str:
-    return "[" + ", ".join(f"{x:.6f}" for x in losses) + "]"
+def _judge_saved(folder: str, ref: dict):
+    """The checkpoint the ranks saved, read here and set beside one device's state at the
+    saved step: (what it holds, which entry is which), or the verdict."""
+    try:
+        saved = read_checkpoint(folder)
+    except Unreadable as why:
+        return failed(EXERCISE, f"the check could not read the checkpoint the ranks saved: "
+                      f"{why}")
+    found = match(saved, ref["states"][SAVED_AT])
+    lost = missing(found, ref["states"][SAVED_AT])
+    where = (f"at step {SAVED_AT} (the check read the folder itself, outside the ranks), yet "
+             "the fresh {} got them back: they must travel in the checkpoint, through "
+             "state_dict() and load_state_dict(), not stay in the rank's memory")
+    if "weights" in lost:
+        return failed(EXERCISE, "the checkpoint the ranks saved does not hold the model's "
+                      "weights " + where.format("model"),
+                      ["state_dict() returns the model's state (get_state_dict) for dcp.save "
+                       "to write"])
+    if lost:
+        return failed(EXERCISE, "the checkpoint the ranks saved holds no Adam moments "
+                      + where.format("optimizer"),
+                      ["get_state_dict(model, optimizer) gives the optimizer's state beside "
+                       "the model's: return both from state_dict()"])
+    return saved, found
+
+
+def judge_own(values: list, own: dict, exercise: str = EXERCISE,
+              who: str = "the TrainingState says", advice: tuple = (
+                  "load_state_dict() puts back what it is given, the state dict dcp.load "
+                  "filled from the folder (set_state_dict), and sets self.step from it",)
+              ) -> CheckResult | None:
+    """What the ranks resumed from the check's own checkpoint (``_restored``'s reports),
+    beside one device's run ``own``."""
+    if not all(_well_formed(v, "resumed") for v in values):
+        return failed(exercise, REWIRED)
+    state, want = own["states"][RESUMED_AT], own["losses"][RESUMED_AT:]
+    said = (f"resumed from the checkpoint the check wrote (your checkpoint's entries, holding "
+            f"another run's weights and Adam moments at step {RESUMED_AT}), ")
+    for v in values:
+        if type(v["step"]) is not int or v["step"] != RESUMED_AT:
+            return failed(exercise, said + f"{who} step {v['step']!r}, not {RESUMED_AT}",
+                          advice)
+        if not _weights_back(v["weights"], state["weights"]):
+            return failed(exercise, said + "the model did not get its weights", advice)
+        if not _moments_back(v["moments"], state["moments"]):
+            return failed(exercise, said + "the optimizer did not get its Adam moments", advice)
+        if not losses_close(v["resumed"], want):
+            return failed(exercise, said + f"the losses {fmt(v['resumed'])} are not one "
+                          f"device's from that state ({fmt(want)}, computed outside the "
+                          "ranks)", advice)
+    return None
 
 
 def training_state(cluster, state_class, timeout: float | None = None) -> CheckResult:
-    """Save with ``state_class``, resume with it on fresh weights, compare the losses."""
+    """Save with ``state_class``, resume with it on fresh weights, compare the losses; then
+    resume with it from a checkpoint of the check's own."""
     n = cluster.world_size
     if BATCH % n:
         return failed(EXERCISE, f"the check splits a batch of {BATCH} over the ranks; "
                       f"{n} ranks do not divide it: resize the cluster to 1, 2, 4 or 8")
-    weights_seed, other_seed, data_seed = fresh_seed(), fresh_seed(), fresh_seed()
-    batches = _batches(data_seed)
-    outcome = run_checked(cluster, EXERCISE, WHERE, _job, state_class, weights_seed,
-                          other_seed, _slices(batches, n), timeout=timeout)
-    return outcome.verdict or _judge(outcome.values, _reference(weights_seed, batches))
+    weights_seed, other_seed, own_seed, data_seed = (fresh_seed() for _ in range(4))
+    data = batches(data_seed)
+    with tempfile.TemporaryDirectory(prefix="labkit-check-", ignore_cleanup_errors=True) as tmp:
+        saved_folder, own_folder = os.path.join(tmp, "saved"), os.path.join(tmp, "own")
+        os.mkdir(saved_folder)
+        outcome = run_checked(cluster, EXERCISE, WHERE, _job, state_class, weights_seed,
+                              other_seed, _slices(data, n), saved_folder, timeout=timeout)
+        if outcome.verdict:
+            return outcome.verdict
+        ref = one_device(weights_seed, data)
+        verdict = _judge(outcome.values, ref) or _judge_saved(saved_folder, ref)
+        if isinstance(verdict, CheckResult):
+            return verdict
+        own = one_device(own_seed, data)
+        if problem := write_own(own_folder, *verdict, own["states"][RESUMED_AT], RESUMED_AT):
+            return failed(EXERCISE, problem)
+        again = run_checked(cluster, EXERCISE, WHERE, _resume_job, state_class, other_seed,
+                            _slices(data, n), own_folder, timeout=timeout)
+        verdict = again.verdict or judge_own(again.values, own)
+    r = outcome.values[0]
+    return verdict or passed(
+        EXERCISE, f"resumed at step {SAVED_AT} on {n} ranks, the losses of steps "
+        f"{SAVED_AT}-{STEPS - 1} equal the uninterrupted run's bit for bit",
+        ["and one device's, computed by the check outside the ranks; the checkpoint holds "
+         "one device's weights and Adam moments, and a resume from the check's own "
+         f"checkpoint (another state, at step {RESUMED_AT}) trains on as one device does"],
+        uninterrupted=r["uninterrupted"], resumed=r["resumed"])

@@ -4,27 +4,61 @@ The learner writes ``save_checkpoint(model, optimizer, step, folder)`` and
 ``load_checkpoint(model, optimizer, folder)`` (which returns the step): the model's and
 Adam's state through ``get_state_dict``, written with ``torch.distributed.checkpoint.save``,
 read back with ``load`` and put into the model and optimizer with ``set_state_dict``. On
-every rank the check trains a small MLP under DDP from a seed drawn for each run, calls
-``save_checkpoint`` after two steps, trains on (the uninterrupted run), then builds a fresh
-model and optimizer with other weights, calls ``load_checkpoint`` and trains from the step it
-returned. Nothing is killed: the resumed losses must equal the uninterrupted ones bit for bit.
+every rank the check trains a small MLP (float64) under DDP, each rank on its own slice of
+batches drawn for each run, calls ``save_checkpoint`` after two steps into a folder the check
+chose, trains on (the uninterrupted run), then builds a fresh model and optimizer with other
+weights, calls ``load_checkpoint`` and trains from the step it returned. Nothing is killed:
+the resumed losses must equal the uninterrupted ones bit for bit, and what the ranks report
+(the weights and Adam's state back, or not) names what was lost.
+
+A pass rests on what the check measures outside the ranks, as ``check.py``'s does: the
+uninterrupted losses are one device's, computed in the check's process; the checkpoint
+``save_checkpoint`` wrote, read by the check itself (``read.py``), holds one device's weights
+and Adam moments at the saved step; and ``load_checkpoint`` of a checkpoint the check wrote
+(the same entries, another run's state at another step) returns that step and trains on as
+one device does from that state. Save and load functions that keep the state in the rank's
+memory beside (or instead of) the folder fail.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import tempfile
 
 import torch
 import torch.distributed as dist
 
-from labkit.lessons.checkpoints.check import BATCH, SAVED_AT, STEPS, _fmt, _fresh, _train
+from labkit.lessons.checkpoints.check import (
+    REWIRED,
+    _fresh,
+    _restored,
+    _slices,
+    _train,
+    judge_own,
+)
+from labkit.lessons.checkpoints.read import METADATA_FILE, Unreadable, read_checkpoint
+from labkit.lessons.checkpoints.reference import (
+    BATCH,
+    DTYPE,
+    RESUMED_AT,
+    SAVED_AT,
+    STEPS,
+    batches,
+    fmt,
+    losses_close,
+    match,
+    missing,
+    one_device,
+    write_own,
+)
 from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
 
 EXERCISE = "dcp_resume"
 WHERE = "save_checkpoint / load_checkpoint"
+NO_CHECKPOINT = ("save_checkpoint wrote no DCP checkpoint in the folder: call "
+                 "torch.distributed.checkpoint.save(state, checkpoint_id=folder)")
 
 
 def _adam_state(optimizer) -> list[torch.Tensor]:
@@ -37,61 +71,80 @@ def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _job(ctx, save, load, seed: int) -> dict:
-    folder = [tempfile.mkdtemp(prefix="labkit-check-") if ctx.rank == 0 else None]
-    dist.broadcast_object_list(folder, src=0)
+def _as_step(step):
+    return step.item() if isinstance(step, torch.Tensor) and step.numel() == 1 else step
+
+
+def _job(ctx, save, load, seed: int, other_seed: int, batches, folder: str) -> dict:
+    model, optimizer = _fresh(ctx, seed, DTYPE)
+    _train(ctx, model, optimizer, range(SAVED_AT), batches)
+    weights, moments = [p.detach().clone() for p in model.parameters()], _adam_state(
+        optimizer)
+    save(model, optimizer, SAVED_AT, folder)
+    dist.barrier()
+    if not os.path.exists(os.path.join(folder, METADATA_FILE)):
+        return {"written": False}  # nothing to load: the check reads the folder and says so
+    uninterrupted = _train(ctx, model, optimizer, range(SAVED_AT, STEPS), batches)
+    model, optimizer = _fresh(ctx, other_seed, DTYPE)  # other weights, no optimizer state
+    step = _as_step(load(model, optimizer, folder))
+    found = {"weights_back": _same([p.detach() for p in model.parameters()], weights),
+             "moments_back": _same(_adam_state(optimizer), moments)}
+    resumed = (_train(ctx, model, optimizer, range(step, STEPS), batches)
+               if type(step) is int and 0 <= step <= STEPS else [])
+    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step, **found}
+
+
+def _resume_job(ctx, load, other_seed: int, batches, folder: str) -> dict:
+    """``load`` the check's own checkpoint into a fresh model, and train on from it."""
+    model, optimizer = _fresh(ctx, other_seed, DTYPE)
+    return _restored(ctx, model, optimizer, _as_step(load(model, optimizer, folder)), batches)
+
+
+def _well_formed(r) -> bool:
+    """Whether a rank's report has the shape ``_job`` gives it (a rank's code may change it)."""
+    def floats(value):
+        return isinstance(value, list) and all(type(x) is float for x in value)
+    return (isinstance(r, dict) and floats(r.get("uninterrupted")) and floats(r.get("resumed"))
+            and type(r.get("weights_back")) is bool and type(r.get("moments_back")) is bool
+            and "step" in r)
+
+
+def _read(folder: str):
+    """The checkpoint ``save_checkpoint`` wrote, read here, or the verdict."""
+    if not os.path.lexists(os.path.join(folder, METADATA_FILE)):
+        return failed(EXERCISE, NO_CHECKPOINT)
     try:
-        model, optimizer = _fresh(ctx, seed=seed)
-        _train(ctx, model, optimizer, range(SAVED_AT))
-        weights, moments = [p.detach().clone() for p in model.parameters()], _adam_state(
-            optimizer)
-        save(model, optimizer, SAVED_AT, folder[0])
-        dist.barrier()
-        saved = _saved_keys(folder[0])  # the same folder, the same answer on every rank
-        if not saved["readable"]:
-            return {"saved": saved}
-        uninterrupted = _train(ctx, model, optimizer, range(SAVED_AT, STEPS))
-        model, optimizer = _fresh(ctx, seed=seed + 1)  # other weights, no optimizer state
-        step = load(model, optimizer, folder[0])
-        found = {"weights_back": _same([p.detach() for p in model.parameters()], weights),
-                 "moments_back": _same(_adam_state(optimizer), moments)}
-        if isinstance(step, torch.Tensor) and step.numel() == 1:
-            step = step.item()
-        resumed = (_train(ctx, model, optimizer, range(step, STEPS))
-                   if type(step) is int and 0 <= step <= STEPS else [])
-    finally:
-        dist.barrier()
-        if ctx.rank == 0:
-            shutil.rmtree(folder[0], ignore_errors=True)
-    return {"uninterrupted": uninterrupted, "resumed": resumed, "step": step, "saved": saved,
-            **found}
+        return read_checkpoint(folder)
+    except Unreadable as why:
+        return failed(EXERCISE, f"the check could not read the checkpoint save_checkpoint "
+                      f"wrote: {why}")
 
 
-def _saved_keys(folder: str) -> dict:
-    """What the checkpoint in ``folder`` holds: Adam's moments, weights (by DCP's keys)."""
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        keys = list(dcp.FileSystemReader(folder).read_metadata().state_dict_metadata)
-    except Exception:  # noqa: BLE001 - nothing readable was saved: the judge says so
-        return {"readable": False, "adam": False}
-    return {"readable": True, "adam": any("exp_avg" in k for k in keys)}
-
-
-def _judge(values: list[dict]) -> CheckResult:
-    r = values[0]
-    if not r["saved"]["readable"]:
-        return failed(EXERCISE, "save_checkpoint wrote no DCP checkpoint in the folder: call "
-                      "torch.distributed.checkpoint.save(state, checkpoint_id=folder)")
-    losses = (f"its losses {_fmt(r['resumed'])} differ from the uninterrupted run's "
-              f"{_fmt(r['uninterrupted'])}")
+def _judge(values: list[dict], ref: dict, saved):
+    """The first run's reports beside one device's (``ref``) and the checkpoint read here:
+    (the checkpoint, which entry is which), or the verdict."""
+    if isinstance(saved, CheckResult):
+        return saved
+    if not all(_well_formed(v) for v in values):
+        return failed(EXERCISE, REWIRED)
+    r, state = values[0], ref["states"][SAVED_AT]
+    for rank, v in enumerate(values):
+        if not losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
+            return failed(EXERCISE, f"the uninterrupted losses rank {rank} reported, "
+                          f"{fmt(v['uninterrupted'])}, are not the ones the check's model "
+                          f"and data give ({fmt(ref['losses'][SAVED_AT:])}, computed outside "
+                          "the ranks): its code on that rank changed the check's measurements")
+    losses = (f"its losses {fmt(r['resumed'])} differ from the uninterrupted run's "
+              f"{fmt(r['uninterrupted'])}")
     if not all(v["weights_back"] for v in values):
         return failed(EXERCISE, "load_checkpoint did not put the weights back: the fresh "
                       "model still has its own. dcp.load fills, in place, only the state dict "
                       "it is given: load into get_state_dict(model, optimizer) of the fresh "
                       "model, then set_state_dict(model, optimizer, model_state_dict=..., "
                       "optim_state_dict=...)")
-    if not r["saved"]["adam"]:
+    found = match(saved, state)
+    lost = missing(found, state)
+    if "moments" in lost and not any("exp_avg" in key for key in saved.tensors):
         return failed(EXERCISE, "the checkpoint holds no optimizer state, so the resumed run "
                       f"restarts Adam from zero moments: {losses}",
                       ["save the optimizer's state beside the model's: get_state_dict(model, "
@@ -107,21 +160,52 @@ def _judge(values: list[dict]) -> CheckResult:
                       f"({type(r['step']).__name__}), the checkpoint "
                       f"was saved at step {SAVED_AT}: save the step in the checkpoint and "
                       "return it, so that the run resumes at the right batch")
-    if r["resumed"] != r["uninterrupted"]:
-        return failed(EXERCISE, f"the resumed losses {_fmt(r['resumed'])} differ from the "
-                      f"uninterrupted run's {_fmt(r['uninterrupted'])}")
-    return passed(EXERCISE, f"saved at step {SAVED_AT}, resumed on fresh weights on "
-                  f"{len(values)} ranks: the losses of steps {SAVED_AT}-{STEPS - 1} equal "
-                  "the uninterrupted run's bit for bit",
-                  uninterrupted=r["uninterrupted"], resumed=r["resumed"])
+    if not all(v["resumed"] == v["uninterrupted"] for v in values):
+        return failed(EXERCISE, f"the resumed losses {fmt(r['resumed'])} differ from the "
+                      f"uninterrupted run's {fmt(r['uninterrupted'])}")
+    if lost:
+        what = " and ".join(sorted(lost)).replace("moments", "Adam moments")
+        return failed(EXERCISE, f"the checkpoint save_checkpoint wrote does not hold the "
+                      f"{what} of step {SAVED_AT} (the check read the folder itself, outside "
+                      "the ranks), yet the fresh model and optimizer got them back: they must "
+                      "travel in the checkpoint, not stay in the rank's memory",
+                      ["save get_state_dict(model, optimizer) and the step with dcp.save"])
+    return saved, found
 
 
 def dcp_resume(cluster, save, load, timeout: float | None = None) -> CheckResult:
-    """Train, ``save`` at a step, resume with ``load`` on fresh weights, compare the losses."""
+    """Train, ``save`` at a step, resume with ``load`` on fresh weights, compare the losses;
+    then resume with ``load`` from a checkpoint of the check's own."""
     n = cluster.world_size
     if BATCH % n:
         return failed(EXERCISE, f"the check splits a batch of {BATCH} over the ranks; "
                       f"{n} ranks do not divide it: resize the cluster to 1, 2, 4 or 8")
-    outcome = run_checked(cluster, EXERCISE, WHERE, _job, save, load, fresh_seed(),
-                          timeout=timeout)
-    return outcome.verdict or _judge(outcome.values)
+    seed, other_seed, own_seed, data_seed = (fresh_seed() for _ in range(4))
+    data = batches(data_seed)
+    with tempfile.TemporaryDirectory(prefix="labkit-check-", ignore_cleanup_errors=True) as tmp:
+        saved_folder, own_folder = os.path.join(tmp, "saved"), os.path.join(tmp, "own")
+        os.mkdir(saved_folder)
+        outcome = run_checked(cluster, EXERCISE, WHERE, _job, save, load, seed, other_seed,
+                              _slices(data, n), saved_folder, timeout=timeout)
+        if outcome.verdict:
+            return outcome.verdict
+        verdict = _judge(outcome.values, one_device(seed, data), _read(saved_folder))
+        if isinstance(verdict, CheckResult):
+            return verdict
+        own = one_device(own_seed, data)
+        if problem := write_own(own_folder, *verdict, own["states"][RESUMED_AT], RESUMED_AT):
+            return failed(EXERCISE, problem)
+        again = run_checked(cluster, EXERCISE, WHERE, _resume_job, load, other_seed,
+                            _slices(data, n), own_folder, timeout=timeout)
+        verdict = again.verdict or judge_own(
+            again.values, own, EXERCISE, "load_checkpoint returned",
+            ("load_checkpoint returns the step and puts into the model and optimizer what "
+             "dcp.load read from the folder it is given (set_state_dict)",))
+    r = outcome.values[0]
+    return verdict or passed(
+        EXERCISE, f"saved at step {SAVED_AT}, resumed on fresh weights on {n} ranks: the "
+        f"losses of steps {SAVED_AT}-{STEPS - 1} equal the uninterrupted run's bit for bit",
+        ["and one device's, computed by the check outside the ranks; the checkpoint holds "
+         "one device's weights and Adam moments, and a resume from the check's own "
+         f"checkpoint (another state, at step {RESUMED_AT}) trains on as one device does"],
+        uninterrupted=r["uninterrupted"], resumed=r["resumed"])

@@ -1,0 +1,284 @@
+"""Forgeries of notebook 10's checks (``training_state``, ``dcp_resume``), from the ranks: each
+answer keeps the run's state in the rank's memory instead of in the checkpoint (or next to
+it) and, where labkit's check once asked the ranks, makes the rank's own comparisons agree.
+Every one fails: the check reads the checkpoint the ranks saved itself, compares its weights
+and Adam's moments with one device's, and has the answer resume from a checkpoint of its own
+(another state, at another step) that no rank trained to. The checkpoint's ``.metadata`` is a
+pickle the ranks wrote: the check reads it with an unpickler that builds DCP's own records and
+nothing else. Each forgery runs on a cluster of its own: its patches outlive the check.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+
+import cloudpickle
+import pytest
+import torch
+
+import labkit
+from tests.exercises import solution
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by value
+
+NOTEBOOK = "10_when_a_gpu_dies"
+STATE = solution(NOTEBOOK, "training_state_answer", "TrainingState")
+SAVE = solution(NOTEBOOK, "dcp_resume_answer", "save_checkpoint")
+LOAD = solution(NOTEBOOK, "dcp_resume_answer", "load_checkpoint")
+
+
+@pytest.fixture
+def fresh():
+    """A 2-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
+def failed(found) -> str:
+    assert found.status == "failed", str(found)
+    return str(found)
+
+
+def _memory() -> dict:
+    """A store on the rank that outlives a check's job (torch's module lives as long)."""
+    if not hasattr(torch, "_kept_by_the_answer"):
+        torch._kept_by_the_answer = {}
+    return torch._kept_by_the_answer
+
+
+def _keep(optimizer, model=None) -> None:
+    """At a save (a trained optimizer; dcp.load also asks a fresh one for its state dict)."""
+    import copy
+
+    if optimizer.state:
+        _memory()["optimizer"] = copy.deepcopy(optimizer.state_dict())
+        if model is not None:
+            _memory()["model"] = copy.deepcopy(model.state_dict())
+
+
+def _put_back(optimizer) -> None:
+    optimizer.load_state_dict(_memory()["optimizer"])
+
+
+# ----- training_state: Adam's state kept in the rank's memory, not in the checkpoint ---------
+def _adam_in_memory():
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class AdamInMemory(Stateful):
+        """Saves the weights and the step; Adam's state stays in the rank's memory, and is
+        put back from there."""
+
+        def __init__(self, model, optimizer, step):
+            self.model, self.optimizer, self.step = model, optimizer, step
+
+        def state_dict(self):
+            _keep(self.optimizer)
+            return {"model": self.model.state_dict(), "step": self.step}
+
+        def load_state_dict(self, state_dict):
+            self.model.load_state_dict(state_dict["model"])
+            self.step = state_dict["step"]
+            _put_back(self.optimizer)
+
+    return AdamInMemory
+
+
+def _loads_from_memory():
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    class LoadsFromMemory(_adam_in_memory()):
+        """Saves everything (the checkpoint is right), and on load takes the step from the
+        checkpoint, the weights and Adam's state from the rank's memory."""
+
+        def state_dict(self):
+            _keep(self.optimizer, self.model)
+            model, optimizer = get_state_dict(self.model, self.optimizer)
+            return {"model": model, "optimizer": optimizer, "step": self.step}
+
+        def load_state_dict(self, state_dict):
+            self.model.load_state_dict(_memory()["model"])
+            _put_back(self.optimizer)
+            self.step = state_dict["step"]
+
+    return LoadsFromMemory
+
+
+def _weights_in_memory():
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    class WeightsInMemory(_adam_in_memory()):
+        """Saves Adam's state and the step; the weights stay in the rank's memory."""
+
+        def state_dict(self):
+            _keep(self.optimizer, self.model)
+            _, optimizer = get_state_dict(self.model, self.optimizer)
+            return {"optimizer": optimizer, "step": self.step}
+
+        def load_state_dict(self, state_dict):
+            model, _ = get_state_dict(self.model, self.optimizer)
+            set_state_dict(self.model, self.optimizer, model_state_dict=model,
+                           optim_state_dict=state_dict["optimizer"])
+            self.model.load_state_dict(_memory()["model"])
+            self.step = state_dict["step"]
+
+    return WeightsInMemory
+
+
+def _adam_from_memory_reported_from_the_checkpoint():
+    class ReportsWhatItRead(_loads_from_memory()):
+        """Puts back the checkpoint's weights and step, Adam's state from memory; and makes
+        the rank report, as the optimizer's, the moments the checkpoint held."""
+
+        def load_state_dict(self, state_dict):
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            import labkit.lessons.checkpoints.check as check
+
+            set_model_state_dict(self.model, state_dict["model"])
+            _put_back(self.optimizer)
+            self.step = state_dict["step"]
+            read = state_dict["optimizer"]["state"]
+            names = [name.removeprefix("module.") for name, _ in self.model.named_parameters()]
+            check.adam_moments = lambda optimizer: [
+                {k: v.detach().clone() for k, v in read[name].items()} for name in names]
+
+    return ReportsWhatItRead
+
+
+@pytest.mark.parametrize("make, message", [
+    (_adam_in_memory, "the checkpoint the ranks saved holds no Adam moments"),
+    (_weights_in_memory, "the checkpoint the ranks saved does not hold the model's weights"),
+    (_loads_from_memory, "the model did not get its weights"),
+    (_adam_from_memory_reported_from_the_checkpoint, "are not one device's from that state")])
+def test_training_state_kept_in_memory_fails(fresh, make, message):
+    said = failed(labkit.check.training_state(fresh, make()))
+    assert message in said, said
+
+
+# ----- dcp_resume: the same, with the rank's reading of the checkpoint patched ----------------
+def save_weights_keep_adam(model, optimizer, step, folder):
+    """Writes the weights and the step; Adam's state stays in memory, and the rank's look at
+    the checkpoint's keys is made to say it holds Adam's moments."""
+    import torch.distributed.checkpoint as dcp
+
+    import labkit.lessons.checkpoints.dcp_check as check
+
+    check._saved_keys = lambda folder: {"readable": True, "adam": True}
+    _keep(optimizer)
+    dcp.save({"model": model.state_dict(), "step": step}, checkpoint_id=folder)
+
+
+def load_weights_and_memory(model, optimizer, folder):
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict(), "step": 0}
+    dcp.load(state, checkpoint_id=folder)
+    model.load_state_dict(state["model"])
+    _put_back(optimizer)
+    return state["step"]
+
+
+def save_and_remember(model, optimizer, step, folder):
+    """The course's save, and a copy of everything in memory."""
+    _keep(optimizer, model)
+    SAVE(model, optimizer, step, folder)
+
+
+def load_from_memory(model, optimizer, folder):
+    """Reads the step from the folder; the weights and Adam's state come back from memory."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"step": 0}
+    dcp.load(state, checkpoint_id=folder)
+    model.load_state_dict(_memory()["model"])
+    _put_back(optimizer)
+    return state["step"]
+
+
+def load_and_return_the_step_saved(model, optimizer, folder):
+    """The course's load, and the step the check saved at, whatever the folder says."""
+    LOAD(model, optimizer, folder)
+    return 2
+
+
+@pytest.mark.parametrize("save, load, message", [
+    (save_weights_keep_adam, load_weights_and_memory, "holds no optimizer state"),
+    (save_and_remember, load_from_memory, "the model did not get its weights"),
+    (SAVE, load_and_return_the_step_saved, "load_checkpoint returned step 2, not 1")])
+def test_dcp_resume_kept_in_memory_fails(fresh, save, load, message):
+    said = failed(labkit.check.dcp_resume(fresh, save, load))
+    assert message in said, said
+
+
+# ----- the honest answers, at the classroom's size and the second one ------------------------
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_course_s_answers_pass(ranks):
+    with labkit.Cluster(ranks, device="cpu", progress=False) as cluster:
+        found = labkit.check.training_state(cluster, STATE)
+        assert found.status == "passed", str(found)
+        found = labkit.check.dcp_resume(cluster, SAVE, LOAD)
+        assert found.status == "passed", str(found)
+
+
+# ----- the checkpoint's .metadata is read, never run ----------------------------------------
+MARK = "/tmp/labkit-test-metadata-ran"  # what the planted pickle would create, if it ran
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARK}",))
+
+
+def save_then_plant(model, optimizer, step, folder):
+    """The course's save, then a .metadata that runs a shell command when unpickled."""
+    import torch.distributed as dist
+
+    SAVE(model, optimizer, step, folder)
+    dist.barrier()  # every rank's save has read what it needs before the file changes
+    if dist.get_rank() == 0:
+        with open(os.path.join(folder, ".metadata"), "wb") as file:
+            pickle.dump(_Planted(), file)
+
+
+def load_nothing(model, optimizer, folder):
+    return 2  # a DCP load on the rank would run the pickle there, in the learner's process
+
+
+def test_a_planted_metadata_pickle_is_refused_unrun(fresh):
+    if os.path.exists(MARK):
+        os.remove(MARK)
+    said = failed(labkit.check.dcp_resume(fresh, save_then_plant, load_nothing))
+    assert "is not DCP's metadata" in said and "posix.system" in said, said
+    assert not os.path.exists(MARK)
+
+
+def test_the_metadata_reader_builds_dcp_s_records_only(tmp_path):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from labkit.lessons.checkpoints.read import MetadataUnpickler, Unreadable, read_metadata
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Planted()))
+    with pytest.raises(Unreadable, match="posix.system is not one of DCP's"):
+        read_metadata(str(tmp_path))
+    sets_a_class = (b"ctorch.distributed.checkpoint.metadata\nMetadata\n"
+                    b"(N}Vlabkit_planted\nI1\nstb.")  # BUILD: setattr(Metadata, ...)
+    with pytest.raises(pickle.UnpicklingError, match="sets the state of a class"):
+        MetadataUnpickler(io.BytesIO(sets_a_class)).load()
+    assert not hasattr(Metadata, "labkit_planted") and not os.path.exists(MARK)
+
+
+def test_the_reader_reads_what_dcp_wrote(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from labkit.lessons.checkpoints.read import read_checkpoint
+
+    state = {"model": {"w": torch.randn(3, 4, dtype=torch.float64)}, "step": 2,
+             "lr": 0.01, "names": ["w"]}
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(state, checkpoint_id=str(tmp_path))
+    found = read_checkpoint(str(tmp_path))
+    assert torch.equal(found.tensors["model.w"], state["model"]["w"])
+    assert found.values == {"step": 2, "lr": 0.01, "names": ["w"]}
