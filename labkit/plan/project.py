@@ -179,19 +179,18 @@ def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts, model_config=
     published figure)."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(lever.precision)
+    attention = costs.attention_flops  # a fused kernel's: not GEMMs of the linears' shapes
     rate = peak * cluster.efficiency
     if model_config is not None and layout is not None:
         tokens = (lever.global_batch // layout.data_size // lever.micro_batches
                   * getattr(model_config, "seq_len", 1) // layout.cp)
         rate *= gemm_efficiency(model_config, layout.tp, tokens, gpu.sms,
-                                framework(lever.framework).vocab_parallel,
-                                bool(costs.attention_flops))
-    attention = costs.attention_flops
+                                framework(lever.framework).vocab_parallel, bool(attention))
     kernel = framework(lever.framework).attention_kernel
-    if not (attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER):
-        return costs.flops / rate
-    fused = gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
-    return (costs.flops - attention) / rate + attention / (peak * fused)
+    fused = peak * cluster.efficiency  # no published rate: the matmul rate
+    if attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER:
+        fused = peak * gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
+    return (costs.flops - attention) / rate + attention / fused
 
 
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
