@@ -58,3 +58,19 @@ def test_sharded_tables_charge_a_rank_only_its_rows(tables, share):
     other = memory_bound_bytes(model, layout, Lever(64), 0.0) - table * share
     assert other == pytest.approx(memory_bound_bytes(model, Parallelism.of(fsdp=4), Lever(64),
                                                      0.0) - table)
+
+
+def test_megatron_cores_distributed_optimizer_reduce_scatters_and_gathers_parameters():
+    # --overlap-grad-reduce --overlap-param-gather: fp32 gradients reduce-scattered in
+    # backward, bf16 parameters all-gathered in the next forward; no AllReduce
+    model = GPTConfig(vocab_size=32000, seq_len=1024, d_model=1024, n_heads=16, n_layers=4)
+    cluster = plan.GPUCluster("H100", nodes=2)
+    layout = Parallelism.of(dp=16)
+    core = plan.project(model, layout, cluster, global_batch=64, zero_stage=1,
+                        framework="megatron-core")
+    comm = core.costs.comm
+    assert ("dp", "all_reduce") not in comm
+    (_, grads), (_, params) = comm[("dp", "reduce_scatter")], comm[("dp", "all_gather")]
+    assert grads == pytest.approx(2 * params)  # fp32 gradients, bf16 parameters
+    plain = plan.project(model, layout, cluster, global_batch=64, framework="megatron-core")
+    assert plain.costs.comm[("dp", "all_reduce")][1] == pytest.approx(grads)
