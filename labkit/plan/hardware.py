@@ -9,11 +9,12 @@ is half of it (the datasheets' own footnote). Where a figure is not in a vendor 
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
 so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
 keeps the fraction of its bf16 peak that matmuls reach, from a published microbenchmark
-(``matmul_efficiency``, ``MAMF_SOURCE``; the sustained rate where one is published): the
-compute rate the time model charges; and the fraction of its GPU links' rate NCCL's
-collectives reach on them, measured with nccl-tests (``link_efficiency``, ``LINK_SOURCE``):
-the rate a collective inside a node is charged. A collective between nodes is charged at
-``NIC_EFFICIENCY`` of the NICs' rate.
+(``matmul_efficiency``, ``MAMF_SOURCE``; the sustained rate where one is published, the
+A100's derived from its burst), and its SM count (``sms``: what a GEMM's waves fill,
+``waves.py``): the compute rate the time model charges; and the fraction of its GPU links'
+rate NCCL's collectives reach on them, measured with nccl-tests (``link_efficiency``,
+``LINK_SOURCE``): the rate a collective inside a node is charged. A collective between nodes
+is charged at ``NIC_EFFICIENCY`` of the NICs' rate.
 
 ``labkit.plan.GPUCluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
 (``cluster.py``); this machine's own figures are measured (``labkit.plan.calibrate``) and form

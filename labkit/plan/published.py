@@ -1,7 +1,7 @@
 """Published large-scale trainings, rebuilt with labkit's decoder (GPT blocks, or Llama blocks
 from ``labkit.models.presets``) at the published shape, layout, batch and precision, and
 projected beside the figure their authors published
-(``python bench/published.py`` prints them all; notebook 09 shows three).
+(``python bench/published.py`` prints them all; notebook 09 shows four).
 
 Each run names its source, the published figure in the source's own unit, how a projected
 step becomes that unit, and every assumption the rebuild makes where the source is silent or
