@@ -68,13 +68,14 @@ MAMF_SOURCE = ("ml-engineering (Bekman): MSMF, branch fast-mamf 082816f, "
                "compute/accelerator/benchmarks/README.md; MAMF, master 744d01e, "
                "compute/accelerator/README.md")
 A100_MAMF = 271.2 / 312  # MAMF: no sustained figure published
-# The A100's sustained rate: its MAMF over the drop from MAMF to MSMF on the nearest GPU whose
-# both figures were taken by the same old protocol (master's mean of 100 iterations): the
-# H100 SXM's MAMF, 794.5 (master 744d01e, torch 2.7, "H200 is the same") over the H200's MSMF
-# with all 8 busy, 698.6 (fast-mamf): 1.137. fast-mamf's README: the gap is "the
-# boost->saturated clock drop", a dense matmul drawing the card's TDP, which the A100 SXM
-# reaches too (400 W). UNSURE: a transfer from the H100/H200 (B200's is 1.223); the A100's own
-# MSMF is not published. MI300X (another vendor's clocking) keeps its MAMF.
+# The A100's sustained rate: its MAMF over the drop from MAMF to MSMF measured on the H100.
+# Master's table took the A100's 271.2 and the H100 SXM's 794.5 (torch 2.7, "H200 is the
+# same") by one protocol (a mean of 100 iterations after 50 warm-up, per shape); the H200
+# sustains 698.6 with all 8 busy (fast-mamf MSMF): 794.5 / 698.6 = 1.137. fast-mamf's README:
+# the gap is "the boost->saturated clock drop" of a dense matmul drawing the card's TDP, which
+# the A100 SXM reaches too (400 W). UNSURE: a transfer from the H100/H200 (the B200's same
+# ratio is 1745.0 / 1426.4 = 1.223); the A100's own MSMF is not published. MI300X (another
+# vendor's clocking) keeps its MAMF.
 MAMF_OVER_MSMF_H100 = 794.5 / 698.6
 A100_SUSTAINED = A100_MAMF / MAMF_OVER_MSMF_H100
 H100_SUSTAINED = 698.6 / 989  # H200 MSMF, all 8 GPUs busy
