@@ -51,7 +51,7 @@ def test_the_planner_places_tables_over_the_gpus_never_a_copy_per_node(nb):
             assert "dp" not in _degrees(chosen["layout"]), (label, chosen["layout"])
 
 
-def test_four_nodes_buy_little_the_step_shrinks_far_less_the_lookups_cross_the_network(nb):
+def test_four_nodes_buy_little_compute_shrinks_fourfold_the_lookups_cross_the_network(nb):
     days = nb.results["recommender_days"]
     one_days = days["next year's model, 8 x A100 (1 node)"]
     four_days = days["next year's model, 32 x A100 (4 nodes)"]
@@ -60,9 +60,10 @@ def test_four_nodes_buy_little_the_step_shrinks_far_less_the_lookups_cross_the_n
     # "four times the GPUs finish only slightly sooner": faster, by less than 1.5x
     assert one_days / 1.5 < four_days < one_days
     assert 4 * four_days > 2.5 * one_days  # "well over twice the GPU-hours"
-    # "the computation of a step shrinks far less than fourfold"
-    assert one["compute_s"] / 2 < four["compute_s"] < one["compute_s"]
+    # "the computation of a step does shrink about fourfold"
+    assert one["compute_s"] / 5 < four["compute_s"] < one["compute_s"] / 3
     assert four["exposed_comm_s"] > one["exposed_comm_s"]  # "the communication ... grows"
+    assert four["exposed_comm_s"] > four["compute_s"]  # "until it takes most of the step"
 
 
 def test_a_decoders_projection_starts_at_the_sustained_matmul_rate_costs_come_on_top(nb):
@@ -73,14 +74,23 @@ def test_a_decoders_projection_starts_at_the_sustained_matmul_rate_costs_come_on
         assert row["fits"] and 0.3 < row["mfu"] < sustained, name
 
 
-def test_published_runs_projected_faster_than_they_ran_the_a100_runs_most(nb):
+def test_published_runs_projected_within_ten_percent_some_faster_some_slower(nb):
     rows = {row["run"]: row for row in nb.results["published"]}
     assert len(rows) == 4 and all(row["fits"] for row in rows.values())
-    assert all(0 < row["error"] < 0.25 for row in rows.values()), rows  # all optimistic
-    a100 = {name for name in rows if plan.published.run(name).gpu.startswith("A100")}
-    assert len(a100) == 2, a100  # Korthikanti's and BLOOM's
-    assert min(rows[n]["error"] for n in a100) > max(
-        row["error"] for name, row in rows.items() if name not in a100)
+    # "lands within 10% of each, some faster and some slower than they ran"
+    assert all(abs(row["error"]) < 0.10 for row in rows.values()), rows
+    assert min(row["error"] for row in rows.values()) < 0 < max(
+        row["error"] for row in rows.values())
+
+
+def test_the_table_is_weakest_on_the_smaller_h100_models_projected_faster():
+    # the prose: bench/published.py's largest errors are MPT's and Megatron-Core's smaller
+    # models on H100s, all projected faster than they ran
+    table = plan.published.compare()
+    worst = sorted(table, key=lambda row: -abs(row["error"]))[:5]
+    assert all(row["error"] > 0 for row in worst), worst
+    assert all(row["run"].startswith(("mpt_", "mcore24_")) for row in worst), worst
+    assert all(plan.published.run(row["run"]).gpu == "H100" for row in worst)
 
 
 def test_a_group_stays_in_the_node_while_it_and_the_dimensions_inside_it_fit_in_one(nb):

@@ -34,6 +34,11 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   micro-batch's backward (Composer 0.16: ``Trainer._train_microbatch`` keeps gradients local
   with ``no_sync`` under DDP only) or once a step, after the last (torch FSDP's
   ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``: labkit's engines).
+* ``param_gather``: whether, under the distributed optimizer (``zero_stage`` >= 1), the
+  gradients are reduce-scattered during backward and the updated parameters all-gathered
+  during the next forward, in the compute dtype (Megatron-Core's ``--overlap-grad-reduce
+  --overlap-param-gather``: ``param_and_grad_buffer.py``'s ``_reduce_scatter_base``, at
+  f2e5db402c), not one AllReduce of the gradients.
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -80,6 +85,7 @@ class Framework:
     backward_prefetch: str = "pre"
     fused_saves: bool = True
     reduce_every_micro_batch: bool = False
+    param_gather: bool = False
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -120,7 +126,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
               "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed), "
-              "Transformer Engine's fused attention", attention_kernel="fused"),
+              "Transformer Engine's fused attention; bf16 gradients reduced in fp32 "
+              "(megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32 "
+              "under --bf16)", attention_kernel="fused", param_gather=True),
 )}
 
 

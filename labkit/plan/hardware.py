@@ -9,11 +9,12 @@ is half of it (the datasheets' own footnote). Where a figure is not in a vendor 
 (GPUs per node of a workstation, the network of a node built from PCIe cards), the row says
 so in ``note``: it is a typical build, not a fact about the chip. Beside the peaks, each row
 keeps the fraction of its bf16 peak that matmuls reach, from a published microbenchmark
-(``matmul_efficiency``, ``MAMF_SOURCE``; the sustained rate where one is published): the
-compute rate the time model charges; and the fraction of its GPU links' rate NCCL's
-collectives reach on them, measured with nccl-tests (``link_efficiency``, ``LINK_SOURCE``):
-the rate a collective inside a node is charged. A collective between nodes is charged at
-``NIC_EFFICIENCY`` of the NICs' rate.
+(``matmul_efficiency``, ``MAMF_SOURCE``; the sustained rate where one is published, the
+A100's derived from its burst), and its SM count (``sms``: what a GEMM's waves fill,
+``waves.py``): the compute rate the time model charges; and the fraction of its GPU links'
+rate NCCL's collectives reach on them, measured with nccl-tests (``link_efficiency``,
+``LINK_SOURCE``): the rate a collective inside a node is charged. A collective between nodes
+is charged at ``NIC_EFFICIENCY`` of the NICs' rate.
 
 ``labkit.plan.GPUCluster("H100", gpus_per_node=8, nodes=4)`` names a cluster of them
 (``cluster.py``); this machine's own figures are measured (``labkit.plan.calibrate``) and form
@@ -60,12 +61,23 @@ ACCESSED = "2026-12-01"  # the date the datasheets below were read for this tabl
 #   at the boost clock: A100 SXM 271.2 of 312 (torch 2.6, CUDA 12.6), MI300X 668.4 of 1300
 #   (ROCm 6.3, tunable ops on). No sustained figure is published for them; on the H200 and
 #   B200, MAMF sits "~15-20% above MSMF" (fast-mamf's README), so these two rows are likely
-#   optimistic. No clock scaling is applied: no source gives the clock an A100's
-#   bf16 matmuls settle at (the 1305 MHz of its HPL Rpeak is the clock of an fp64 benchmark).
+#   optimistic. No clock is assumed (no source gives the clock an A100's bf16 matmuls settle
+#   at; the 1305 MHz of its HPL Rpeak is an fp64 benchmark's): the A100 takes the H100's
+#   measured MAMF-to-MSMF ratio instead (A100_SUSTAINED below).
 MAMF_SOURCE = ("ml-engineering (Bekman): MSMF, branch fast-mamf 082816f, "
                "compute/accelerator/benchmarks/README.md; MAMF, master 744d01e, "
                "compute/accelerator/README.md")
 A100_MAMF = 271.2 / 312  # MAMF: no sustained figure published
+# The A100's sustained rate: its MAMF over the drop from MAMF to MSMF measured on the H100.
+# Master's table took the A100's 271.2 and the H100 SXM's 794.5 (torch 2.7, "H200 is the
+# same") by one protocol (a mean of 100 iterations after 50 warm-up, per shape); the H200
+# sustains 698.6 with all 8 busy (fast-mamf MSMF): 794.5 / 698.6 = 1.137. fast-mamf's README:
+# the gap is "the boost->saturated clock drop" of a dense matmul drawing the card's TDP, which
+# the A100 SXM reaches too (400 W). UNSURE: a transfer from the H100/H200 (the B200's same
+# ratio is 1745.0 / 1426.4 = 1.223); the A100's own MSMF is not published. MI300X (another
+# vendor's clocking) keeps its MAMF.
+MAMF_OVER_MSMF_H100 = 794.5 / 698.6
+A100_SUSTAINED = A100_MAMF / MAMF_OVER_MSMF_H100
 H100_SUSTAINED = 698.6 / 989  # H200 MSMF, all 8 GPUs busy
 B200_SUSTAINED = 1426.4 / 2250  # MSMF, all 8 GPUs busy
 MI300X_MAMF = 668.4 / 1300  # MAMF: no sustained figure published
@@ -115,6 +127,10 @@ NVLINK4 = (("all_reduce", 367.2 / 450), ("all_gather", 361.4 / 450),
 NVLINK3 = (("all_reduce", 234.89 / 300),)
 NVLINK5 = (("all_reduce", 682.2 / 900),)
 INFINITY_FABRIC = (("all_reduce", 312.912 / (7 * 64)),)
+# SMs per GPU (Bekman, ml-engineering compute/accelerator/README.md, cache table, master
+# 744d01e, after NVIDIA's Ampere and Hopper tuning guides): A100 SXM 108, H100 and H200 SXM 132.
+SM_SOURCE = "ml-engineering compute/accelerator/README.md (NVIDIA tuning guides)"
+A100_SMS, HOPPER_SMS = 108, 132
 LINK_SOURCE = ("ml-engineering network/README.md (Bekman; master 744d01e): nccl-tests busbw, "
                "nvbandwidth, all_reduce_bench.py over 4 B200 nodes")
 
@@ -162,6 +178,8 @@ class GPU:
     # ((collective kind, fraction of the GPU links' rate NCCL achieves), ...): LINK_SOURCE;
     # empty: the datasheet rate
     link_efficiency: tuple[tuple[str, float], ...] = ()
+    # streaming multiprocessors (SM_SOURCE): the GEMMs' waves (waves.py); 0: not corrected
+    sms: int = 0
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -224,14 +242,14 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (40 GiB). SXM4. NVLink 600 GB/s both directions. DGX A100: 8 "
         "GPUs, 8x 200 Gb/s HDR IB "
-        "(25 GB/s per GPU). Matmuls: the A100 SXM's MAMF (A100_MAMF). Links: NCCL's measured "
-        "all-reduce on NVLink 3 (NVLINK3).",
-        matmul_efficiency=A100_MAMF, link_efficiency=NVLINK3),
+        "(25 GB/s per GPU). Matmuls: the A100 SXM's MAMF over the H100's MAMF-to-MSMF drop "
+        "(A100_SUSTAINED; UNSURE). Links: NCCL's measured all-reduce on NVLink 3 (NVLINK3).",
+        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3, sms=A100_SMS),
     GPU("A100-80GB", 81920 * MiB, 312 * TFLOPS, 19.5 * TFLOPS, 2039 * GB, 8, 300 * GB, 25 * GB,
         "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         f"Memory: {SMI_SOURCE} (80 GiB). SXM4 80 GB (HBM2e 2039 GB/s). Otherwise as A100-40GB.",
-        matmul_efficiency=A100_MAMF, link_efficiency=NVLINK3),
+        matmul_efficiency=A100_SUSTAINED, link_efficiency=NVLINK3, sms=A100_SMS),
     GPU("H100", 81559 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 3350 * GB, 8, 450 * GB, 50 * GB,
         "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
@@ -240,7 +258,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100). "
         "Links: NCCL's measured rates on NVLink 4 (NVLINK4).",
         matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
-        link_efficiency=NVLINK4),
+        link_efficiency=NVLINK4, sms=HOPPER_SMS),
     GPU("H100-96GB", 96 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 2400 * GB, 8, 450 * GB, 50 * GB,
         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
         "The H100 SXM with 96 GB of HBM2e at 2.4 TB/s (Meta's Grand Teton, as torchtitan's "
@@ -248,9 +266,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "500 W limit the peak lies between the SXM's and the NVL's (torchtitan's note): the "
         "peak printed is the SXM's (MFU's denominator, as torchtitan's), the rates charged are "
         "the SXM's sustained matmul and FlashAttention-2 rates scaled by NVL/SXM peak "
-        "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published.",
+        "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published; "
+        "132 SMs taken as the SXM's (the same die).",
         matmul_efficiency=H100_SUSTAINED * H100_500W,
-        flash_attention_efficiency=FA2_H100 * H100_500W, link_efficiency=NVLINK4),
+        flash_attention_efficiency=FA2_H100 * H100_500W, link_efficiency=NVLINK4,
+        sms=HOPPER_SMS),
     GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
         f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
@@ -258,7 +278,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100. "
         "Links: NVLINK4 (measured on 8 H200s).",
         matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
-        link_efficiency=NVLINK4),
+        link_efficiency=NVLINK4, sms=HOPPER_SMS),
     GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",
         f"Memory: {SMI_PUBLIC} 183359 MiB on B200 (179.1 GiB). HGX B200 (1000 W): FP16/BF16 "

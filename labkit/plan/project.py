@@ -19,7 +19,9 @@
   (``members_per_node``; ``GPUCluster.link``).
 * overlap, as the run's framework does it (``frameworks.py``): DDP's AllReduce runs during
   backward (buckets), so only what outlasts backward is exposed, and never less than its last
-  bucket (Megatron 2021 and DeepSpeed's pipeline reduce after backward: exposed whole);
+  bucket (Megatron-Core's distributed optimizer: reduce-scatters under backward, parameter
+  all-gathers under the next forward; Megatron 2021 and DeepSpeed's pipeline reduce after
+  backward: exposed whole);
   FSDP's all-gathers and reduce-scatters likewise during forward and backward; tensor
   parallelism is exposed unless the framework overlaps it (Megatron-Core); pipeline sends
   are exposed.
@@ -56,6 +58,7 @@ from labkit.plan.step import (
     step_flops,
 )
 from labkit.plan.traffic import memory_bound_bytes
+from labkit.plan.waves import gemm_efficiency
 from labkit.runtime.costs import ring_share, ring_steps
 from labkit.training.layout.layout import MESH_ORDER, Layout
 
@@ -167,18 +170,27 @@ def project(model_config, layout: Layout | Parallelism, cluster: GPUCluster, glo
 ATTENTION_SLOWER = {"fa2": 1.0, "triton": 1.7}
 
 
-def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts) -> float:
-    """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, a fused
-    attention kernel's at its own (FlashAttention-2's, or a slower kernel's against it
-    (``ATTENTION_SLOWER``), where the GPU's row has a published figure)."""
+def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts, model_config=None,
+              layout: Parallelism | None = None) -> float:
+    """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, less what
+    their shapes lose to tile and wave quantization (``waves.gemm_efficiency``, where the
+    model and layout are given), a fused attention kernel's at its own (FlashAttention-2's,
+    or a slower kernel's against it (``ATTENTION_SLOWER``), where the GPU's row has a
+    published figure)."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(lever.precision)
-    attention = costs.attention_flops
+    attention = costs.attention_flops  # a fused kernel's: not GEMMs of the linears' shapes
+    rate = peak * cluster.efficiency
+    if model_config is not None and layout is not None:
+        tokens = (lever.global_batch // layout.data_size // lever.micro_batches
+                  * getattr(model_config, "seq_len", 1) // layout.cp)
+        rate *= gemm_efficiency(model_config, layout.tp, tokens, gpu.sms,
+                                framework(lever.framework).vocab_parallel, bool(attention))
     kernel = framework(lever.framework).attention_kernel
-    if not (attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER):
-        return costs.flops / (peak * cluster.efficiency)
-    rate = gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
-    return (costs.flops - attention) / (peak * cluster.efficiency) + attention / (peak * rate)
+    fused = peak * cluster.efficiency  # no published rate: the matmul rate
+    if attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER:
+        fused = peak * gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
+    return (costs.flops - attention) / rate + attention / fused
 
 
 def _time(model_config, layout, cluster, lever, costs) -> Projection:
@@ -203,7 +215,7 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
 def _compute_s(model_config, layout, cluster, lever, costs) -> float:
     """Seconds of compute on the busiest rank: matmuls, bandwidth-bound bytes, and (this
     machine) the per-op and per-tensor overheads and the ranks' jitter."""
-    compute = (_matmul_s(cluster, lever, costs)
+    compute = (_matmul_s(cluster, lever, costs, model_config, layout)
                + costs.memory_bound_bytes / cluster.gpu.memory_bandwidth
                + (cluster.op_overhead_s * _ops(model_config, layout, lever)
                   if cluster.op_overhead_s else 0.0)  # GPUs: 0, and no op count to trace
@@ -248,6 +260,8 @@ def _exposed_s(layout, cluster, lever, costs, compute, busy, critical) -> dict:
         calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == dim
                     and k != "all_to_all")
         hide = backward if dim == "dp" else compute
+        if (dim, "all_gather") in costs.comm:  # gathers under forward, the rest under backward
+            hide = compute
         if not runner.dp_overlap:  # reduced after backward, whole
             hide, calls = 0.0, 1
         if layout.data_engine == "naive" or cluster.gpu.measured:

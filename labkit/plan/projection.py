@@ -15,10 +15,11 @@ from labkit.runtime.memory.units import format_bytes
 
 ASSUMPTIONS = (
     "compute runs at the GPU's matmul rate (a microbenchmark's, hardware.py: sustained at the "
-    "power limit for H100/H200/B200, a boost-clock burst for A100/MI300X, where no sustained "
-    "figure is published; measured matmul throughput on this machine); bandwidth-bound work, "
-    "exposed "
-    "communication and the bubble are added on top",
+    "power limit for H100/H200/B200; the A100's burst over the H100's measured burst-to-"
+    "sustained drop; MI300X's burst; measured matmul throughput on this machine), less what "
+    "the run's GEMM shapes lose to tile and wave quantization on the GPU's SMs (waves.py; "
+    "A100 and Hopper rows); bandwidth-bound work, exposed communication and the bubble are "
+    "added on top",
     "a fused attention kernel runs at its published rate where the framework calls "
     "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
     "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "

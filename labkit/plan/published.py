@@ -1,7 +1,7 @@
 """Published large-scale trainings, rebuilt with labkit's decoder (GPT blocks, or Llama blocks
 from ``labkit.models.presets``) at the published shape, layout, batch and precision, and
 projected beside the figure their authors published
-(``python bench/published.py`` prints them all; notebook 09 shows three).
+(``python bench/published.py`` prints them all; notebook 09 shows four).
 
 Each run names its source, the published figure in the source's own unit, how a projected
 step becomes that unit, and every assumption the rebuild makes where the source is silent or
@@ -26,6 +26,8 @@ BLOOM = ("BigScience 2022, BLOOM 176B model card and 'The BigScience 176B Model'
 TITAN = ("torchtitan docs/performance.md (2024-12, Grand Teton: H100 96GB HBM2e at 500 W), "
          "Tables 1 and 3 (FSDP, no torch.compile, no Float8)")
 LLAMA3 = "Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 4"
+MCORE = ("NVIDIA/Megatron-LM README.md, 'Training Speed and Scalability' and its table "
+         "images/model_table.png (commit f2e5db402c, 2024-07-15: weak scaling, H100 GPUs)")
 FOUNDRY = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
            "(MPT models, Composer FSDP FULL_SHARD, amp_bf16)")
 
@@ -33,6 +35,7 @@ MEGATRON_TFLOPS = "TFLOP/s per GPU (Megatron's formula, recomputation counted)"
 SECONDS = "s per iteration"
 TOKENS = "tokens/s per GPU"
 COUNTED_TFLOPS = "TFLOP/s per GPU (model FLOPs, labkit's count)"
+MCORE_TFLOPS = "TFLOP/s per GPU (Megatron-Core's formula, no recomputation)"
 
 # Megatron 2021/2022 runs: what every row of those tables shares
 MEGATRON_2021 = ("vocabulary 51,200 and sequence 2,048 (the paper's section 5.1)",
@@ -67,6 +70,14 @@ def megatron_flops(model: GPTConfig, batch: int) -> float:
     96 B s l h^2 (1 + s / 6h + V / 16 l h)."""
     b, s, layers, h, v = batch, model.seq_len, model.n_layers, model.d_model, model.vocab_size
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def megatron_core_flops(model: GPTConfig, batch: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py at
+    f2e5db402c) for a GPT block (no GQA, ffn 4h, no SwiGLU, no MoE):
+    12 B s l h^2 ((2 + s/h) + 4 + V / 2lh)."""
+    b, s, layers, h, v = batch, model.seq_len, model.n_layers, model.d_model, model.vocab_size
+    return 12 * b * s * layers * h * h * ((2 + s / h) + 4 + v / (2 * layers * h))
 
 
 def gpt(d_model: int, heads: int, layers: int, vocab: int = 51200, seq: int = 2048):
@@ -164,6 +175,40 @@ def _torchtitan() -> list[Run]:
     return runs
 
 
+def _megatron_core() -> list[Run]:
+    # (name, heads, hidden, layers, tp, pp, GPUs, batch, per-GPU TFLOP/s); dp is 48 in every row
+    rows = (("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
+            ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+            ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1),
+            ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+            ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7),
+            ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+            ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+            ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+            ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9))
+    runs = []
+    for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in rows:
+        dp = gpus // (tp * pp)
+        runs.append(Run(
+            f"mcore24_{name}", MCORE, gpt(hidden, heads, layers, vocab=131072, seq=4096),
+            Parallelism.of(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "H100",
+            batch, batch // dp, MCORE_TFLOPS, tflops,
+            dict(flash_attention=True, sequence_parallel=tp > 1, zero_stage=1,
+                 framework="megatron-core"),
+            ("GPT blocks, vocabulary 131,072, sequence 4,096 (the README); untied embeddings "
+             "(the rows' parameter counts: 1.7B and 7.1B are untied, tied would be 1.5B and "
+             "6.6B)", "bf16 mixed precision (MFU is of the bf16 peak: 408.8 / 989 = 41%)",
+             "micro-batch size 1 (not said), the rest of a replica's batch accumulated",
+             "no activation recomputation (not said)", "--overlap-grad-reduce and "
+             "--overlap-param-gather: the distributed optimizer (ZeRO-1 over dp)",
+             "--tp-comm-overlap, which needs sequence parallelism: sequence parallel where "
+             "tp > 1", "1F1B without interleaving: 92 / 4 = 23 and 112 / 16 = 7 layers per "
+             "stage admit no even 2-chunk split (the table does not say)",
+             "Transformer Engine's fused attention, timed at the matmul rate "
+             "(frameworks.py 'megatron-core')")))
+    return runs
+
+
 def _foundry() -> list[Run]:
     # (name, d_model, heads, layers, GPUs, micro-batch, accumulation, checkpointing, T/s/GPU)
     rows = (("1b", 2048, 16, 24, 8, 14, 1, False, 45455),
@@ -225,7 +270,7 @@ def _llama3() -> list[Run]:
 
 
 RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom()] + _torchtitan()
-                              + _foundry() + _llama3())
+                              + _megatron_core() + _foundry() + _llama3())
 
 
 def run(name: str) -> Run:
@@ -257,6 +302,8 @@ def in_unit(published: Run, projection) -> float:
         return published.global_batch * published.model.seq_len / step / gpus
     if published.unit == MEGATRON_TFLOPS:
         return megatron_flops(published.model, published.global_batch) / step / gpus / 1e12
+    if published.unit == MCORE_TFLOPS:
+        return megatron_core_flops(published.model, published.global_batch) / step / gpus / 1e12
     if published.unit == COUNTED_TFLOPS:
         return projection.costs.model_flops / step / gpus / 1e12
     raise ValueError(f"unknown unit {published.unit!r}")

@@ -156,8 +156,13 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
     elif engine in ("ddp", "zero1", "naive") and layout.dp > 1:
-        out[("dp", "all_reduce")] = (gradient_buckets(grads, local_params, layout.dp,
-                                                      lever.framework), grads)
+        buckets = gradient_buckets(grads, local_params, layout.dp, lever.framework)
+        if lever.zero_stage and framework(lever.framework).param_gather:
+            # the distributed optimizer: gradients reduce-scattered, parameters gathered
+            out[("dp", "reduce_scatter")] = (buckets, grads)
+            out[("dp", "all_gather")] = (buckets, local_params * compute_bytes(lever.precision))
+            return out
+        out[("dp", "all_reduce")] = (buckets, grads)
         if engine == "zero1":
             out[("dp", "broadcast")] = (1, local_params * 4)
     return out

@@ -4,7 +4,9 @@ optimizer's passes), charged at the memory bandwidth by ``project``."""
 
 from __future__ import annotations
 
-from labkit.plan.counts import is_decoder, optimizer_counts, sample_counts
+import math
+
+from labkit.plan.counts import is_decoder, is_recommender, optimizer_counts, sample_counts
 from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever, compute_bytes
 from labkit.plan.parallelism import Parallelism
@@ -45,9 +47,25 @@ def memory_bound_bytes(model_config, layout: Parallelism, lever: Lever,
     elif lever.selective_recompute and not lever.flash_attention:
         other += attention / 3
     per_rank = ((counts.lookup_bytes + other * width) * samples_here / (layout.tp * layout.pp)
-                + counts.table_bytes)
+                + counts.table_bytes * table_share(model_config, layout, lever))
     unscale = 2 * gradient_bytes if lever.precision == "fp16" else 0.0
     return per_rank + optimizer_counts(lever.optimizer)[0] * parameter_bytes + unscale
+
+
+def table_share(model_config, layout: Parallelism, lever: Lever) -> float:
+    """The share of the embedding tables' dense gradient one rank writes in a step: a DLRM's
+    tables placed over fsdp (whole tables: the fullest rank's ceil(tables / fsdp); rows split:
+    1 / fsdp; as ``recommender.recommender_memory`` places them), a decoder's table split by
+    rows over tp where the framework shards the vocabulary (Megatron's
+    ``VocabParallelEmbedding``, torchtitan's TP plan); else the whole table."""
+    if is_recommender(model_config) and layout.tables is not None:
+        if layout.tables == "table_wise":
+            tables = model_config.num_tables
+            return math.ceil(tables / layout.fsdp) / tables
+        return 1.0 / layout.fsdp
+    if is_decoder(model_config) and framework(lever.framework).vocab_parallel:
+        return 1.0 / layout.tp
+    return 1.0
 
 
 def dropout_bytes(model_config, lever: Lever) -> float:
