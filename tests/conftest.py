@@ -75,6 +75,13 @@ def two():
         yield cluster
 
 
+@pytest.fixture
+def fresh():
+    """A 2-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
+    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module")
 def four():
     """A warm 4-rank CPU cluster, shared by a test module (oversubscribed on a 2-core

@@ -16,21 +16,15 @@ import torch
 import torch.distributed as dist
 
 import labkit
+import tests.forgery
 from tests.exercises import solution
+from tests.forgery import frame_locals
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
+cloudpickle.register_pickle_by_value(tests.forgery)
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"),
                            reason="the kernel's socket counters are read on Linux only")
 
-
-def _frame_locals(name: str) -> list:
-    """Every value called ``name`` in a frame above this one (the check's job's locals)."""
-    found, frame = [], sys._getframe(1)
-    while frame is not None:
-        if name in frame.f_locals:
-            found.append(frame.f_locals[name])
-        frame = frame.f_back
-    return found
 
 
 def _wired(ctx, part, micro_batches, loss_fn, schedule_class, step):
@@ -59,7 +53,7 @@ def _whole(part, batch):
     holds only this rank's stage and ``batch`` (its half of it), the rest made up."""
     from torch import nn
 
-    found = [_frame_locals(name)[:1] for name in ("model", "inputs", "targets")]
+    found = [frame_locals(name)[:1] for name in ("model", "inputs", "targets")]
     if all(found):
         return [value for [value] in found]
     width, n = part[0].out_features, batch.shape[0]

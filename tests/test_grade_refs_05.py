@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 import cloudpickle
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -24,12 +23,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by
 
 UNITS = ["", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
 
-
-@pytest.fixture
-def fresh():
-    """A 2-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
-    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        yield cluster
 
 
 def _sharded_passes(steps: int) -> list:

@@ -16,9 +16,12 @@ import pytest
 import torch.nn.functional as F
 
 import labkit
+import tests.forgery
 from tests.exercises import solution
+from tests.forgery import frame_locals
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by value
+cloudpickle.register_pickle_by_value(tests.forgery)
 
 
 @pytest.fixture
@@ -26,16 +29,6 @@ def fresh4():
     """A 4-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
     with labkit.Cluster(4, device="cpu", progress=False) as cluster:
         yield cluster
-
-
-def _job_locals(name: str) -> list:
-    """Every value called ``name`` in a frame above this one (the check's job's locals)."""
-    found, frame = [], sys._getframe(1)
-    while frame is not None:
-        if name in frame.f_locals:
-            found.append(frame.f_locals[name])
-        frame = frame.f_back
-    return found
 
 
 class _Rewrites:
@@ -52,7 +45,7 @@ class _Rewrites:
         return self
 
     def __exit__(self, *exc):
-        for report in _job_locals("report")[:1]:
+        for report in frame_locals("report")[:1]:
             report.update(self.fields)
         return False
 
@@ -65,7 +58,7 @@ def one_device_alone(ctx, model, tp_plan, dp, tp):
     import labkit.lessons.layouts.compose_check as check
 
     mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    [inputs], [targets] = _job_locals("inputs")[:1], _job_locals("targets")[:1]
+    [inputs], [targets] = frame_locals("inputs")[:1], frame_locals("targets")[:1]
     alone = copy.deepcopy(model)
     loss = F.mse_loss(alone(inputs), targets)
     loss.backward()

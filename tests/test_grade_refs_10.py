@@ -20,9 +20,12 @@ import pytest
 import torch
 
 import labkit
+import tests.forgery
 from tests.exercises import solution
+from tests.forgery import failed
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by value
+cloudpickle.register_pickle_by_value(tests.forgery)
 
 NOTEBOOK = "10_when_a_gpu_dies"
 STATE = solution(NOTEBOOK, "training_state_answer", "TrainingState")
@@ -30,16 +33,6 @@ SAVE = solution(NOTEBOOK, "dcp_resume_answer", "save_checkpoint")
 LOAD = solution(NOTEBOOK, "dcp_resume_answer", "load_checkpoint")
 
 
-@pytest.fixture
-def fresh():
-    """A 2-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
-    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-def failed(found) -> str:
-    assert found.status == "failed", str(found)
-    return str(found)
 
 
 def _memory() -> dict:

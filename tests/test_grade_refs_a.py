@@ -14,20 +14,14 @@ import torch
 import torch.distributed as dist
 
 import labkit
+import tests.forgery
 from labkit.classroom.answers import review_notes
 from tests.exercises import answer_source, solution
+from tests.forgery import frame_locals
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # planted code goes by value
+cloudpickle.register_pickle_by_value(tests.forgery)
 
-
-def _frame_locals(name: str) -> list:
-    """Every value called ``name`` in a frame above this one (the check's job's locals)."""
-    found, frame = [], sys._getframe(1)
-    while frame is not None:
-        if name in frame.f_locals:
-            found.append(frame.f_locals[name])
-        frame = frame.f_back
-    return found
 
 
 def _dummy_all_reduce() -> None:
@@ -89,7 +83,7 @@ def test_predict_memory_does_not_trust_the_ranks_measurement(one):
 # ----- 02: the one-device reference, made equal to the rank's own gradients -------------------
 def averages_nothing_but_the_reference(ctx, model):
     """Leaves each rank's own gradients, and makes the rank's reference say they are right."""
-    for reference in _frame_locals("reference"):
+    for reference in frame_locals("reference"):
         for ref, param in zip(reference, model.parameters(), strict=True):
             ref.copy_(param.grad)
     _dummy_all_reduce()
@@ -97,9 +91,9 @@ def averages_nothing_but_the_reference(ctx, model):
 
 def hook_rewrites_the_reference(state, bucket):
     """Hands back the bucket un-averaged, and copies it into the rank's reference."""
-    for model in _frame_locals("model")[:1]:
+    for model in frame_locals("model")[:1]:
         index = {id(p): i for i, p in enumerate(model.parameters())}
-        for reference in _frame_locals("reference"):
+        for reference in frame_locals("reference"):
             for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
                 reference[index[id(param)]].copy_(grad)
     dist.all_reduce(torch.zeros(1))
@@ -145,7 +139,7 @@ def unscaled_but_reference_scaled(ctx, stage, inputs, targets, micro_batches, ac
             micro_loss.backward()
             dist.send(x.grad, 0)
         loss = sum(micro.item() for micro in losses) / micro_batches
-    for reference in _frame_locals("reference"):
+    for reference in frame_locals("reference"):
         for param in reference.parameters():
             param.grad.mul_(micro_batches)
     return loss
@@ -172,7 +166,7 @@ class ShardsWithoutSharing:
     def step(self):
         self.optimizer.step()
         dist.broadcast(torch.zeros(1), src=0)
-        for reference in _frame_locals("reference"):
+        for reference in frame_locals("reference"):
             with torch.no_grad():
                 for ref, param in zip(reference.parameters(), self.params, strict=True):
                     ref.copy_(param)

@@ -14,24 +14,17 @@ import pytest
 import torch
 
 import labkit
+import tests.forgery
 from labkit.lessons.layouts.check import LAYOUTS
 from labkit.lessons.planning.check import CASES
 from labkit.lessons.recommender.check import cases
 from tests.exercises import solution
+from tests.forgery import failed
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the answers go by value
+cloudpickle.register_pickle_by_value(tests.forgery)
 
 
-@pytest.fixture
-def fresh():
-    """A 2-rank CPU cluster for one test: a forgery's patches stay on its ranks."""
-    with labkit.Cluster(2, device="cpu", progress=False) as cluster:
-        yield cluster
-
-
-def failed(found) -> str:
-    assert found.status == "failed", str(found)
-    return str(found)
 
 
 # ----- 06: the bytes a placement needs are added up outside the ranks -----------------------

@@ -163,12 +163,8 @@ def _judge(values: list, ref: dict) -> CheckResult | None:
                       f"loaded TrainingState says step {r['step']!r}. The step is the data "
                       "position: a resumed run would repeat or skip batches.",
                       ["put the step in state_dict() and set self.step in load_state_dict()"])
-    for rank, v in enumerate(values):
-        if not losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
-            return failed(EXERCISE, f"the uninterrupted losses rank {rank} reported, "
-                          f"{fmt(v['uninterrupted'])}, are not the ones the check's model "
-                          f"and data give ({fmt(ref['losses'][SAVED_AT:])}, computed outside "
-                          "the ranks): its code on that rank changed the check's measurements")
+    if problem := uninterrupted_problem(values, ref, EXERCISE):
+        return problem
     if not all(_weights_back(v["weights"], saved["weights"]) for v in values):
         return failed(EXERCISE, "the model's weights were not restored: after dcp.load the "
                       "fresh model still has its own weights",
@@ -182,6 +178,18 @@ def _judge(values: list, ref: dict) -> CheckResult | None:
                       f"{fmt(r['uninterrupted'])}",
                       ["Adam keeps two moments per parameter and a step count: save and load "
                        "the optimizer's state too (get_state_dict / set_state_dict)"])
+    return None
+
+
+def uninterrupted_problem(values: list, ref: dict, exercise: str) -> CheckResult | None:
+    """A failure if a rank's uninterrupted losses are not one device's (``ref``): the
+    check's own training, on that rank, was changed."""
+    for rank, v in enumerate(values):
+        if not losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
+            return failed(exercise, f"the uninterrupted losses rank {rank} reported, "
+                          f"{fmt(v['uninterrupted'])}, are not the ones the check's model "
+                          f"and data give ({fmt(ref['losses'][SAVED_AT:])}, computed outside "
+                          "the ranks): its code on that rank changed the check's measurements")
     return None
 
 
@@ -252,6 +260,37 @@ def judge_own(values: list, own: dict, exercise: str = EXERCISE,
     return None
 
 
+def save_then_resume(cluster, exercise: str, where: str, job, resume_job, answers: tuple,
+                     resume_answers: tuple, judge, judge_again, timeout: float | None):
+    """The run both of notebook 10's checks make. ``job(ctx, *answers, weights_seed,
+    other_seed, slices, folder)`` trains, saves into ``folder`` (chosen here), trains on and
+    resumes; ``judge(values, one_device_run, folder)`` returns a failure, or what the saved
+    checkpoint holds (``(saved, found)``, for ``write_own``). Then the check writes a
+    checkpoint of its own with those entries, another run's state at ``RESUMED_AT``, and
+    ``resume_job(ctx, *resume_answers, other_seed, slices, folder)`` resumes from it, judged
+    by ``judge_again(values, own_run)``. Returns (the verdict or None, rank 0's first report).
+    """
+    n = cluster.world_size
+    weights_seed, other_seed, own_seed, data_seed = (fresh_seed() for _ in range(4))
+    data = batches(data_seed)
+    with tempfile.TemporaryDirectory(prefix="labkit-check-", ignore_cleanup_errors=True) as tmp:
+        saved_folder, own_folder = os.path.join(tmp, "saved"), os.path.join(tmp, "own")
+        os.mkdir(saved_folder)
+        outcome = run_checked(cluster, exercise, where, job, *answers, weights_seed,
+                              other_seed, _slices(data, n), saved_folder, timeout=timeout)
+        if outcome.verdict:
+            return outcome.verdict, None
+        verdict = judge(outcome.values, one_device(weights_seed, data), saved_folder)
+        if isinstance(verdict, CheckResult):
+            return verdict, None
+        own = one_device(own_seed, data)
+        if problem := write_own(own_folder, *verdict, own["states"][RESUMED_AT], RESUMED_AT):
+            return failed(exercise, problem), None
+        again = run_checked(cluster, exercise, where, resume_job, *resume_answers, other_seed,
+                            _slices(data, n), own_folder, timeout=timeout)
+        return again.verdict or judge_again(again.values, own), outcome.values[0]
+
+
 def training_state(cluster, state_class, timeout: float | None = None) -> CheckResult:
     """Save with ``state_class``, resume with it on fresh weights, compare the losses; then
     resume with it from a checkpoint of the check's own."""
@@ -259,26 +298,10 @@ def training_state(cluster, state_class, timeout: float | None = None) -> CheckR
     if BATCH % n:
         return failed(EXERCISE, f"the check splits a batch of {BATCH} over the ranks; "
                       f"{n} ranks do not divide it: resize the cluster to 1, 2, 4 or 8")
-    weights_seed, other_seed, own_seed, data_seed = (fresh_seed() for _ in range(4))
-    data = batches(data_seed)
-    with tempfile.TemporaryDirectory(prefix="labkit-check-", ignore_cleanup_errors=True) as tmp:
-        saved_folder, own_folder = os.path.join(tmp, "saved"), os.path.join(tmp, "own")
-        os.mkdir(saved_folder)
-        outcome = run_checked(cluster, EXERCISE, WHERE, _job, state_class, weights_seed,
-                              other_seed, _slices(data, n), saved_folder, timeout=timeout)
-        if outcome.verdict:
-            return outcome.verdict
-        ref = one_device(weights_seed, data)
-        verdict = _judge(outcome.values, ref) or _judge_saved(saved_folder, ref)
-        if isinstance(verdict, CheckResult):
-            return verdict
-        own = one_device(own_seed, data)
-        if problem := write_own(own_folder, *verdict, own["states"][RESUMED_AT], RESUMED_AT):
-            return failed(EXERCISE, problem)
-        again = run_checked(cluster, EXERCISE, WHERE, _resume_job, state_class, other_seed,
-                            _slices(data, n), own_folder, timeout=timeout)
-        verdict = again.verdict or judge_own(again.values, own)
-    r = outcome.values[0]
+    verdict, r = save_then_resume(
+        cluster, EXERCISE, WHERE, _job, _resume_job, (state_class,), (state_class,),
+        lambda values, ref, folder: _judge(values, ref) or _judge_saved(folder, ref),
+        judge_own, timeout)
     return verdict or passed(
         EXERCISE, f"resumed at step {SAVED_AT} on {n} ranks, the losses of steps "
         f"{SAVED_AT}-{STEPS - 1} equal the uninterrupted run's bit for bit",

@@ -23,7 +23,6 @@ memory beside (or instead of) the folder fail.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -32,9 +31,10 @@ from labkit.lessons.checkpoints.check import (
     REWIRED,
     _fresh,
     _restored,
-    _slices,
     _train,
     judge_own,
+    save_then_resume,
+    uninterrupted_problem,
 )
 from labkit.lessons.checkpoints.read import METADATA_FILE, Unreadable, read_checkpoint
 from labkit.lessons.checkpoints.reference import (
@@ -43,17 +43,11 @@ from labkit.lessons.checkpoints.reference import (
     RESUMED_AT,
     SAVED_AT,
     STEPS,
-    batches,
     fmt,
-    losses_close,
     match,
     missing,
-    one_device,
-    write_own,
 )
-from labkit.lessons.exercise.outside import fresh_seed
 from labkit.lessons.exercise.result import CheckResult, failed, passed
-from labkit.lessons.exercise.runner import run_checked
 
 EXERCISE = "dcp_resume"
 WHERE = "save_checkpoint / load_checkpoint"
@@ -128,12 +122,8 @@ def _judge(values: list[dict], ref: dict, saved):
     if not all(_well_formed(v) for v in values):
         return failed(EXERCISE, REWIRED)
     r, state = values[0], ref["states"][SAVED_AT]
-    for rank, v in enumerate(values):
-        if not losses_close(v["uninterrupted"], ref["losses"][SAVED_AT:]):
-            return failed(EXERCISE, f"the uninterrupted losses rank {rank} reported, "
-                          f"{fmt(v['uninterrupted'])}, are not the ones the check's model "
-                          f"and data give ({fmt(ref['losses'][SAVED_AT:])}, computed outside "
-                          "the ranks): its code on that rank changed the check's measurements")
+    if problem := uninterrupted_problem(values, ref, EXERCISE):
+        return problem
     losses = (f"its losses {fmt(r['resumed'])} differ from the uninterrupted run's "
               f"{fmt(r['uninterrupted'])}")
     if not all(v["weights_back"] for v in values):
@@ -180,28 +170,13 @@ def dcp_resume(cluster, save, load, timeout: float | None = None) -> CheckResult
     if BATCH % n:
         return failed(EXERCISE, f"the check splits a batch of {BATCH} over the ranks; "
                       f"{n} ranks do not divide it: resize the cluster to 1, 2, 4 or 8")
-    seed, other_seed, own_seed, data_seed = (fresh_seed() for _ in range(4))
-    data = batches(data_seed)
-    with tempfile.TemporaryDirectory(prefix="labkit-check-", ignore_cleanup_errors=True) as tmp:
-        saved_folder, own_folder = os.path.join(tmp, "saved"), os.path.join(tmp, "own")
-        os.mkdir(saved_folder)
-        outcome = run_checked(cluster, EXERCISE, WHERE, _job, save, load, seed, other_seed,
-                              _slices(data, n), saved_folder, timeout=timeout)
-        if outcome.verdict:
-            return outcome.verdict
-        verdict = _judge(outcome.values, one_device(seed, data), _read(saved_folder))
-        if isinstance(verdict, CheckResult):
-            return verdict
-        own = one_device(own_seed, data)
-        if problem := write_own(own_folder, *verdict, own["states"][RESUMED_AT], RESUMED_AT):
-            return failed(EXERCISE, problem)
-        again = run_checked(cluster, EXERCISE, WHERE, _resume_job, load, other_seed,
-                            _slices(data, n), own_folder, timeout=timeout)
-        verdict = again.verdict or judge_own(
-            again.values, own, EXERCISE, "load_checkpoint returned",
+    verdict, r = save_then_resume(
+        cluster, EXERCISE, WHERE, _job, _resume_job, (save, load), (load,),
+        lambda values, ref, folder: _judge(values, ref, _read(folder)),
+        lambda values, own: judge_own(
+            values, own, EXERCISE, "load_checkpoint returned",
             ("load_checkpoint returns the step and puts into the model and optimizer what "
-             "dcp.load read from the folder it is given (set_state_dict)",))
-    r = outcome.values[0]
+             "dcp.load read from the folder it is given (set_state_dict)",)), timeout)
     return verdict or passed(
         EXERCISE, f"saved at step {SAVED_AT}, resumed on fresh weights on {n} ranks: the "
         f"losses of steps {SAVED_AT}-{STEPS - 1} equal the uninterrupted run's bit for bit",
