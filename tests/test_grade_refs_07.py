@@ -108,3 +108,20 @@ def test_the_course_solution_passes_at_both_sizes(fresh4):
     with fresh4.resized(8):
         found = labkit.check.compose_mesh(fresh4, compose)
         assert found.passed, str(found)
+
+
+COMPOSE = solution("07_putting_it_together", "compose_mesh_answer", "compose")
+
+
+def reports_nonsense(ctx, model, tp_plan, dp, tp):
+    """The course's layout, with the check's report of the mesh replaced on the rank by one
+    missing what the checker reads."""
+    import labkit.lessons.layouts.compose_check as check
+
+    check._mesh_report = lambda mesh: {"problem": None, "groups_ok": True, "loss": "x"}
+    return COMPOSE(ctx, model, tp_plan, dp, tp)
+
+
+def test_a_report_the_job_does_not_write_is_a_failure_not_an_error(fresh4):
+    found = labkit.check.compose_mesh(fresh4, reports_nonsense)
+    assert found.status == "failed" and "does not write" in found.summary, str(found)

@@ -275,3 +275,49 @@ def test_the_reader_reads_what_dcp_wrote(tmp_path):
     found = read_checkpoint(str(tmp_path))
     assert torch.equal(found.tensors["model.w"], state["model"]["w"])
     assert found.values == {"step": 2, "lr": 0.01, "names": ["w"]}
+
+
+def _planted(folder, entries: int = 1, prefix: bytes = b"") -> str:
+    """A checkpoint of ``entries`` uint8 tensors of 7 MB, each read from one 1-byte storage
+    viewed with stride 0 (about a kilobyte on disk); ``prefix``: pickle opcodes run first."""
+    from torch.distributed.checkpoint import metadata as m
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    buffer, n = io.BytesIO(), 7_000_000
+    torch.save(torch.zeros(1, dtype=torch.uint8).expand(n), buffer)
+    (folder / "__0_0.distcp").write_bytes(buffer.getvalue())
+    records, storage = {}, {}
+    for i in range(entries):
+        records[f"k{i}"] = m.TensorStorageMetadata(
+            m.TensorProperties(dtype=torch.uint8), torch.Size([n]),
+            [m.ChunkStorageMetadata(torch.Size([0]), torch.Size([n]))])
+        storage[m.MetadataIndex(f"k{i}", torch.Size([0]))] = _StorageInfo(
+            "__0_0.distcp", 0, len(buffer.getvalue()))
+    meta = pickle.dumps(m.Metadata(records, storage_data=storage), protocol=2)
+    (folder / ".metadata").write_bytes(meta[:2] + prefix + meta[2:])
+    return str(folder)
+
+
+def test_the_reader_changes_nothing_of_the_checker_and_caps_memory(tmp_path):
+    """A pickle may not set the state of a function's or an enum member's attributes (they
+    are the checker's own), and tensors viewing a tiny storage count at their full size."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from labkit.lessons.checkpoints.read import Unreadable, read_checkpoint
+
+    layout_cache = (b"ctorch.serialization\n_get_layout\n}X\x05\x00\x00\x00cache}"
+                    b"X\x0d\x00\x00\x00torch.stridedctorch\nsparse_coo\nssb0")
+    member_value = (b"ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n"
+                    b"K\x00\x85R}X\x07\x00\x00\x00_value_K\x63sb0")
+    for name, prefix in (("layout", layout_cache), ("member", member_value)):
+        (tmp_path / name).mkdir()
+        with pytest.raises(Unreadable, match="sets the state of a"):
+            read_checkpoint(_planted(tmp_path / name, prefix=prefix))
+    assert torch.serialization._get_layout.cache.get("torch.strided") in (None, torch.strided)
+    assert _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT.value == 0
+    (tmp_path / "bomb").mkdir()
+    with pytest.raises(Unreadable, match="more than"):
+        read_checkpoint(_planted(tmp_path / "bomb", entries=1000))
+    (tmp_path / "link").symlink_to(tmp_path / "bomb")
+    with pytest.raises(Unreadable, match="link"):
+        read_checkpoint(str(tmp_path / "link"))

@@ -17,13 +17,13 @@ capped: a checkpoint of notebook 10's small MLP is tens of kilobytes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
 import pickle
 import re
 import stat
-from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint import filesystem
@@ -51,10 +51,18 @@ class Unreadable(Exception):
     """The folder holds no checkpoint this module reads; the message says why."""
 
 
+# The records whose state a pickle may set (BUILD): instances of DCP's dataclasses, made by
+# this unpickling. Never a class, a function (``_get_layout.cache``) or an enum's member
+# (``_MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT._value_``): those are this process's own.
+_BUILDABLE = frozenset(value for value in _DCP_RECORDS.values() if isinstance(value, type)
+                       and dataclasses.is_dataclass(value))
+
+
 class MetadataUnpickler(pickle._Unpickler):
     """Builds DCP's metadata records and refuses any other global. Python's own unpickler,
-    with one opcode changed: BUILD (set an object's state) is refused on a class, so that a
-    pickle cannot rewrite a class of this process (``Metadata.__eq__ = ...``)."""
+    with one opcode changed: BUILD (set an object's state) is allowed only on an instance of
+    one of DCP's dataclasses, so that a pickle cannot change anything of this process (a
+    class, ``Metadata.__eq__ = ...``; a function's attributes; an enum's members)."""
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
@@ -71,8 +79,11 @@ class MetadataUnpickler(pickle._Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not one of DCP's metadata records")
 
     def _build(self):
-        if isinstance(self.stack[-2], type):
-            raise pickle.UnpicklingError("the pickle sets the state of a class")
+        target = self.stack[-2]
+        if type(target) not in _BUILDABLE:
+            what = "class" if isinstance(target, type) else type(target).__name__
+            raise pickle.UnpicklingError(f"the pickle sets the state of a {what}, not of "
+                                         "one of DCP's records")
         pickle._Unpickler.load_build(self)
 
     dispatch[pickle.BUILD[0]] = _build
@@ -122,7 +133,7 @@ def read_metadata(folder: str) -> dcp_metadata.Metadata:
     return found
 
 
-@dataclass
+@dataclasses.dataclass
 class Checkpoint:
     """What a checkpoint holds, by DCP's keys: whole tensors, and the plain values."""
 
@@ -167,8 +178,10 @@ def _tensor(folder: str, key: str, record, where: dict, budget: list[int]) -> to
     dtype = getattr(properties, "dtype", None)
     if not isinstance(dtype, torch.dtype) or not isinstance(record.chunks, list):
         raise Unreadable(f"its entry {key!r} has no dtype or chunks")
-    if math.prod(size) * dtype.itemsize > budget[0]:  # before any memory is taken for it
+    memory = math.prod(size) * (dtype.itemsize + 1)  # the tensor and what its chunks cover
+    if memory > budget[1]:  # before any memory is taken for it: a running total
         raise Unreadable(f"it holds more than {MAX_FILE_BYTES} bytes of tensors")
+    budget[1] -= memory
     whole = torch.zeros(size, dtype=dtype)
     covered = torch.zeros(size, dtype=torch.bool)
     for chunk in record.chunks:
@@ -195,11 +208,37 @@ def _tensor(folder: str, key: str, record, where: dict, budget: list[int]) -> to
 
 def read_checkpoint(folder: str) -> Checkpoint:
     """Every entry of the DCP checkpoint in ``folder`` (raises Unreadable, saying why)."""
+    try:
+        return _read_checkpoint(folder)
+    except Unreadable:
+        raise
+    except Exception as error:  # noqa: BLE001 - a dtype torch cannot make, memory: not read
+        raise Unreadable(f"it could not be read ({type(error).__name__})") from None
+
+
+def _plain_value(value, key: str, budget: list[int]):
+    """``value`` if its tensors (a tensor may view a one-byte storage as gigabytes) fit what
+    is left of the memory budget."""
+    def weigh(item, depth: int = 0) -> None:
+        if isinstance(item, torch.Tensor):
+            budget[1] -= item.numel() * item.element_size()
+        elif isinstance(item, dict | list | tuple) and depth < 8:
+            for inner in (item.values() if isinstance(item, dict) else item):
+                weigh(inner, depth + 1)
+    weigh(value)
+    if budget[1] < 0:
+        raise Unreadable(f"its entry {key!r} holds more than {MAX_FILE_BYTES} bytes")
+    return value
+
+
+def _read_checkpoint(folder: str) -> Checkpoint:
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        raise Unreadable("the checkpoint's folder is a link, or not a folder")
     meta = read_metadata(folder)
     entries = meta.state_dict_metadata
     if not isinstance(entries, dict) or len(entries) > MAX_ENTRIES:
         raise Unreadable("its metadata lists no entries DCP writes")
-    where, budget = _storage(meta), [MAX_FILE_BYTES]
+    where, budget = _storage(meta), [MAX_FILE_BYTES, MAX_FILE_BYTES]  # bytes read, memory
     found = Checkpoint({}, {})
     for key, record in entries.items():
         if not isinstance(key, str):
@@ -211,7 +250,8 @@ def read_checkpoint(folder: str) -> Checkpoint:
             budget[0] -= length
             if budget[0] < 0:
                 raise Unreadable(f"it holds more than {MAX_FILE_BYTES} bytes")
-            found.values[key] = _load(_read(folder, name, start, length), key)
+            found.values[key] = _plain_value(_load(_read(folder, name, start, length), key),
+                                             key, budget)
         else:
             raise Unreadable(f"its entry {key!r} is neither a tensor nor bytes DCP wrote")
     return found

@@ -9,17 +9,19 @@ layout (the groups of the first exercise, ``mesh_groups``), then runs one forwar
 backward on this rank's slice of the batch and compares, here, the loss and the whole
 gradients each rank reports with one device's.
 
-The inputs are private (``PerRank``), drawn for each run: each rank receives only its
-data-parallel slice of the batch (the ranks of one tp group the same slice), and only the
-ranks that ``parallelize_module`` takes the weights from receive the real ones: it scatters
+The inputs are private (``PerRank``), drawn for each run and sent as tensors: each rank
+receives only its data-parallel slice of the batch (the ranks of one tp group the same
+slice), and only the ranks that ``parallelize_module`` takes the weights from receive the
+real ones: it scatters
 each layer's shards from rank 0 of each tp group (``ParallelStyle.src_data_rank``, 0 by
 default, through ``distribute_tensor``), and ``fully_shard`` then chunks what each rank holds
 without communicating. The other ranks build weights of their own from seeds of their own. So
-the gradients of the whole batch can only be had by communicating along labkit's groups: a
-rank that computes them alone, or a mesh whose groups are not labkit's (tp outermost, say),
-gets other numbers, whatever the ranks report about their groups and placements (those give
-the messages for honest mistakes). The bytes are not counted (``SocketCount``): gathering the
-batch and the weights onto every rank and computing there moves fewer bytes than the layout.
+the gradients of the whole batch can only be had by communicating: a rank that computes them
+without the others' data, or a mesh whose groups are not labkit's (tp outermost, say), gets
+other numbers, whatever the ranks report about their groups and placements (those give the
+messages for honest mistakes). The bytes are not counted (``SocketCount``): gathering the
+batch and the weights onto every rank and computing there moves fewer bytes than the layout,
+so that tensor and sharded parallelism did the work is the ranks' word.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.lessons.exercise.outside import fresh_seed
+from labkit.lessons.exercise.reports import tensor_list
 from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import run_checked
 from labkit.runtime.cluster.per_rank import PerRank
@@ -58,30 +61,33 @@ def _batch(seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Run:
-    """One run's seeds, drawn here: the weights', one per data-parallel slice of the batch,
-    and one of its own for each rank that tensor parallelism takes no weights from."""
+    """One run's inputs, drawn here: the weights, one data-parallel slice of the batch per dp
+    coordinate, and a seed of its own for each rank that tensor parallelism takes no weights
+    from. Tensors, not seeds, go to the ranks that hold them: a seed is 8 bytes a rank could
+    pass to the others."""
 
     def __init__(self, world_size: int):
         self.world_size, self.dp = world_size, world_size // TP
         self.weights_seed = fresh_seed()
-        self.data_seeds = [fresh_seed() for _ in range(self.dp)]
+        self.slices = [_batch(fresh_seed(), BATCH // self.dp) for _ in range(self.dp)]
         self.own_seeds = [fresh_seed() for _ in range(world_size)]
 
     def weights(self) -> PerRank:
-        """The real weights' seed for rank 0 of each tp group (labkit's layout: tp
-        innermost), whose shards parallelize_module scatters; its own seed for any other."""
-        return PerRank(self.weights_seed if rank % TP == 0 else self.own_seeds[rank]
+        """The real weights (a state dict) for rank 0 of each tp group (labkit's layout: tp
+        innermost), whose shards parallelize_module scatters; a seed of its own for any
+        other."""
+        real = _model(self.weights_seed).state_dict()
+        return PerRank(real if rank % TP == 0 else self.own_seeds[rank]
                        for rank in range(self.world_size))
 
     def data(self) -> PerRank:
-        """Each rank's slice's seed: by its dp coordinate, alike on the ranks of a tp group."""
-        return PerRank(self.data_seeds[rank // TP] for rank in range(self.world_size))
+        """Each rank's slice: by its dp coordinate, alike on the ranks of a tp group."""
+        return PerRank(self.slices[rank // TP] for rank in range(self.world_size))
 
     def one_device(self) -> tuple[float, list[torch.Tensor]]:
         """One device's loss and gradients on the whole batch (the slices in dp order)."""
         model = _model(self.weights_seed)
-        slices = [_batch(seed, BATCH // self.dp) for seed in self.data_seeds]
-        inputs, targets = (torch.cat(parts) for parts in zip(*slices, strict=True))
+        inputs, targets = (torch.cat(parts) for parts in zip(*self.slices, strict=True))
         loss = F.mse_loss(model(inputs), targets)
         loss.backward()
         return loss.item(), [p.grad for p in model.parameters()]
@@ -109,14 +115,17 @@ def _mesh_report(mesh) -> dict:
     return found
 
 
-def _job(ctx, fn, weights_seed: int, data_seed: int) -> dict:
+def _job(ctx, fn, weights, data) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     dp = ctx.world_size // TP
-    model = _model(weights_seed).to(ctx.device)
-    inputs, targets = (t.to(ctx.device) for t in _batch(data_seed, BATCH // dp))  # this slice
+    model = _model(weights if isinstance(weights, int) else 0)
+    if not isinstance(weights, int):
+        model.load_state_dict(weights)  # the real weights: on rank 0 of each tp group only
+    model = model.to(ctx.device)
+    inputs, targets = (t.to(ctx.device) for t in data)  # this rank's slice
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
     mesh = fn(ctx, model, plan, dp, TP)
     report = _mesh_report(mesh)
@@ -144,6 +153,14 @@ def _job(ctx, fn, weights_seed: int, data_seed: int) -> dict:
 
 
 def _judge(values: list[dict], run: _Run) -> CheckResult:
+    try:
+        return _judged(values, run)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, RuntimeError):
+        return failed(EXERCISE, "a rank sent back a report that labkit's check does not "
+                      "write: its code on that rank changed the check's measurements")
+
+
+def _judged(values: list[dict], run: _Run) -> CheckResult:
     for rank, r in enumerate(values):
         if r["problem"]:
             return failed(EXERCISE, f"rank {rank}: {r['problem']}")
@@ -168,11 +185,14 @@ def _judge(values: list[dict], run: _Run) -> CheckResult:
                       "fully_shard(model, mesh=mesh['dp']), so that it is sharded over both")
     full, grads = run.one_device()
     for rank, v in enumerate(values):
+        if not tensor_list(v["grads"], [g.shape for g in grads], allow_none=True,
+                           dtype=grads[0].dtype) or type(v["loss"]) is not float:
+            raise ValueError(rank)  # not what the job writes: said by _judge
         for got, want in zip(v["grads"], grads, strict=True):
             if got is None or not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
                 return failed(EXERCISE, f"rank {rank}'s gradients differ from one device's on "
                               "the whole batch")
-    if abs(r["loss"] - full) > 1e-5 * max(1.0, abs(full)):
+    if not abs(r["loss"] - full) <= 1e-5 * max(1.0, abs(full)):  # NaN fails too
         return failed(EXERCISE, f"the loss {r['loss']:.6f} differs from one device's "
                       f"{full:.6f}")
     n = len(values)

@@ -5,12 +5,12 @@ The learner writes ``shard_model(model, mesh)``: ``fully_shard`` on each block o
 it took: the embeddings, the final norm and the head). On every rank the check builds the zoo's
 GPT from a seed drawn for this run (the same on every rank: ``fully_shard`` chunks each rank's
 own copy, without communicating), calls the learner's function with the rank's fsdp mesh, and
-trains ``STEPS`` Adam steps on this rank's slice of each batch. Each rank's slices come from a
-seed of its own, sent to that rank alone (``private_seeds``, ``PerRank``): no rank holds the
-others' data, so the weights of one device's run on the whole batches can only be had from
-every rank's gradients.
+trains ``STEPS`` Adam steps on this rank's slice of each batch. Each rank's slices are drawn
+here and sent to that rank alone, as tensors (``PerRank``; a seed is 8 bytes a rank could pass
+on): no rank holds the others' data, so the weights of one device's run on the whole batches
+can only be had from every rank's gradients, or data.
 
-Here, outside the ranks, the check rebuilds the whole batches from all the seeds, runs one
+Here, outside the ranks, the check joins the slices into the whole batches, runs one
 device's Adam on them, and compares the ranks' weights and first gradients (whose scale Adam's
 steps hide) with it. It reads the bytes each rank wrote to its TCP sockets (``SocketCount``,
 the kernel's count, on gloo): FSDP sends at least ``STEPS * fsdp_bytes`` (per step, (N-1)/N of
@@ -35,6 +35,7 @@ from labkit.lessons.exercise.result import CheckResult, failed, passed
 from labkit.lessons.exercise.runner import at_two_sizes, describe_exception, run_checked
 from labkit.lessons.exercise.wire import Traffic
 from labkit.models.gpt import GPT, GPTConfig
+from labkit.runtime.cluster.per_rank import PerRank
 from labkit.runtime.memory import MemoryTracker, format_bytes
 
 EXERCISE = "fully_shard_model"
@@ -72,9 +73,8 @@ def _slices(seed: int, share: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
                   for _ in range(2)) for _ in range(STEPS)]
 
 
-def _batches(seeds: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The whole batches: every rank's slice, in rank order, step by step."""
-    slices = [_slices(seed, BATCH // len(seeds)) for seed in seeds]
+def _batches(slices: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole batches: every rank's slices (``_slices``), in rank order, step by step."""
     return [tuple(torch.cat([mine[step][k] for mine in slices]) for k in range(2))
             for step in range(STEPS)]
 
@@ -119,14 +119,13 @@ def _whole(tensor) -> torch.Tensor:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu()
 
 
-def _job(ctx, shard_fn, model_seed: int, data_seed: int) -> dict:
+def _job(ctx, shard_fn, model_seed: int, batches: list) -> dict:
     """The learner's wrapping of this rank's copy of the model, then training on this rank's
-    slices (from its own ``data_seed``), measured."""
+    slices (``batches``, this rank's only), measured."""
     from labkit.training.layout.layout import Layout
     from labkit.training.layout.mesh import mesh_for
 
     model = _model(model_seed).to(ctx.device)
-    batches = _slices(data_seed, BATCH // ctx.world_size)
     mesh = mesh_for(Layout(fsdp=ctx.world_size), ctx.device.type)["fsdp"]
     out = {}
     with warnings.catch_warnings():
@@ -147,9 +146,9 @@ def _job(ctx, shard_fn, model_seed: int, data_seed: int) -> dict:
     return out
 
 
-def _reference(model_seed: int, data_seeds: list[int]) -> dict:
+def _reference(model_seed: int, slices: list) -> dict:
     """One device's Adam on the whole batches: the weights, and the parameters' bytes."""
-    model, batches = _model(model_seed), _batches(data_seeds)
+    model, batches = _model(model_seed), _batches(slices)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     grads = None
     for tokens, targets in batches:
@@ -191,13 +190,14 @@ def _check(cluster, shard_fn, timeout: float | None) -> CheckResult:
     from labkit.lessons.sharding.fsdp_problems import problems, wire_problems
 
     n, model_seed = cluster.world_size, fresh_seed()
-    wire, data_seeds = SocketCount(cluster), private_seeds(n)
+    slices = [_slices(seed, BATCH // n) for seed in private_seeds(n).values]
+    wire = SocketCount(cluster)
     outcome = run_checked(cluster, EXERCISE, "shard_model", _job, shard_fn, model_seed,
-                          data_seeds, timeout=timeout)
+                          PerRank(slices), timeout=timeout)
     on_wire = wire.sent()
     if outcome.verdict:
         return outcome.verdict
-    ref = _reference(model_seed, data_seeds.values)
+    ref = _reference(model_seed, slices)
     ranks = outcome.values
     try:
         found, gap = problems(ranks, ref, n)
