@@ -96,3 +96,29 @@ def test_a_reduction_once_a_step_hides_under_the_last_micro_batchs_backward_only
         assert hiding_window_s("fsdp", "reduce_scatter", lever, 1.0) == pytest.approx(window)
         assert hiding_window_s("fsdp", "all_gather", lever, 1.0) == 1.0
         assert hiding_window_s("dp", "all_reduce", lever, 1.0) == pytest.approx(2 / 3 / 8)
+
+
+def test_the_loss_moves_fp32_logits_whatever_the_compute_dtype(monkeypatch):
+    # Megatron's cross entropy casts the logits (.float()), torchtitan's loss_fn too, and
+    # autocast runs log_softmax and nll_loss in fp32: under mixed precision the loss's ops
+    # are charged as counted (fp32), not halved, plus the casts (12 bytes a logit)
+    import dataclasses
+
+    import labkit.plan.traffic as traffic
+    from labkit.plan.counts import sample_counts
+    from labkit.plan.levers import Lever
+
+    model = GPTConfig(vocab_size=32000, seq_len=1024, d_model=512, n_heads=8, n_layers=2)
+    counts = sample_counts(model)
+    logits = model.seq_len * model.vocab_size
+    assert counts.logits_bytes >= 4 * 4 * logits  # softmax forward and backward, in fp32
+    assert counts.logits_bytes < counts.other_bytes
+    layout, lever = Parallelism.of(), Lever(8, precision="mixed")
+    fp32 = Lever(8, precision="fp32")  # counted in fp32 already: unchanged
+    charged = traffic.memory_bound_bytes(model, layout, lever, 0.0)
+    charged_fp32 = traffic.memory_bound_bytes(model, layout, fp32, 0.0)
+    monkeypatch.setattr(traffic, "sample_counts",
+                        lambda m: dataclasses.replace(counts, logits_bytes=0.0))
+    halved = traffic.memory_bound_bytes(model, layout, lever, 0.0)
+    assert charged - halved == pytest.approx(8 * (counts.logits_bytes / 2 + 12 * logits))
+    assert traffic.memory_bound_bytes(model, layout, fp32, 0.0) == charged_fp32
