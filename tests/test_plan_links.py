@@ -66,3 +66,59 @@ def test_mpt_rebuilds_hold_the_published_parameter_counts():
 
     for name, published in (("mpt_1b_8gpu", 1315950592), ("mpt_7b_8gpu", 6658859008)):
         assert sample_counts(run(name).model).params == published, name
+
+
+def test_a_reduction_once_a_step_hides_under_the_last_micro_batchs_backward_only():
+    # Megatron-Core registers gradients ready "when processing the last microbatch" and
+    # gathers the distributed optimizer's parameters under the next step's first forward:
+    # 2 nodes x 8 H100s, dp over the network, the same step in 1 or 8 micro-batches
+    from labkit.plan.project import _busy_s
+
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    layout, cluster = Parallelism.of(dp=16), plan.GPUCluster("H100", nodes=2)
+    kw = dict(global_batch=128, zero_stage=1, framework="megatron-core")
+    one = plan.project(model, layout, cluster, micro_batches=1, **kw)
+    eight = plan.project(model, layout, cluster, micro_batches=8, **kw)
+    by_kind = _busy_s(layout, cluster, eight.lever, eight.costs)[3]
+    compute = eight.compute_s  # no in-node collective: no overlap slowdown charged
+    rs, ag = by_kind[("dp", "reduce_scatter")], by_kind[("dp", "all_gather")]
+    assert rs > compute * 2 / 3 / 8 and ag > compute / 3 / 8  # each outlasts its window
+    assert eight.exposed_s["dp"] == pytest.approx(
+        (rs - compute * 2 / 3 / 8) + (ag - compute / 3 / 8))
+    assert eight.exposed_s["dp"] > 5 * one.exposed_s["dp"]
+    # FSDP: gathers in every micro-batch (under all of it); a reduce-scatter once a step
+    # (torch's no_sync) under the last backward, Composer's after every micro-batch under each
+    from labkit.plan.levers import Lever
+    from labkit.plan.overlap import hiding_window_s
+
+    for name, window in (("labkit", 2 / 3 / 8), ("composer", 2 / 3)):
+        lever = Lever(128, 8, framework=name)
+        assert hiding_window_s("fsdp", "reduce_scatter", lever, 1.0) == pytest.approx(window)
+        assert hiding_window_s("fsdp", "all_gather", lever, 1.0) == 1.0
+        assert hiding_window_s("dp", "all_reduce", lever, 1.0) == pytest.approx(2 / 3 / 8)
+
+
+def test_the_loss_moves_fp32_logits_whatever_the_compute_dtype(monkeypatch):
+    # Megatron's cross entropy casts the logits (.float()), torchtitan's loss_fn too, and
+    # autocast runs log_softmax and nll_loss in fp32: under mixed precision the loss's ops
+    # are charged as counted (fp32), not halved, plus the casts (12 bytes a logit)
+    import dataclasses
+
+    import labkit.plan.traffic as traffic
+    from labkit.plan.counts import sample_counts
+    from labkit.plan.levers import Lever
+
+    model = GPTConfig(vocab_size=32000, seq_len=1024, d_model=512, n_heads=8, n_layers=2)
+    counts = sample_counts(model)
+    logits = model.seq_len * model.vocab_size
+    assert counts.logits_bytes >= 4 * 4 * logits  # softmax forward and backward, in fp32
+    assert counts.logits_bytes < counts.other_bytes
+    layout, lever = Parallelism.of(), Lever(8, precision="mixed")
+    fp32 = Lever(8, precision="fp32")  # counted in fp32 already: unchanged
+    charged = traffic.memory_bound_bytes(model, layout, lever, 0.0)
+    charged_fp32 = traffic.memory_bound_bytes(model, layout, fp32, 0.0)
+    monkeypatch.setattr(traffic, "sample_counts",
+                        lambda m: dataclasses.replace(counts, logits_bytes=0.0))
+    halved = traffic.memory_bound_bytes(model, layout, lever, 0.0)
+    assert charged - halved == pytest.approx(8 * (counts.logits_bytes / 2 + 12 * logits))
+    assert traffic.memory_bound_bytes(model, layout, fp32, 0.0) == charged_fp32

@@ -67,6 +67,9 @@ class SampleCounts:
     # read + written by attention's math path (ops on (batch, head, seq, seq) scores: mask,
     # softmax and their backward), per sample: a fused (flash) kernel never writes them
     attention_bytes: float = 0.0
+    # the part of other_bytes moved by ops on the logits (a decoder's (..., vocab) tensors:
+    # the loss's softmax and its backward), per sample
+    logits_bytes: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -76,6 +79,15 @@ class SampleCounts:
 # Ops whose cost is their FLOPs (FlopCounterMode counts them); every other op is costed by
 # the bytes it reads and writes.
 _MATMULS = {_ATEN.mm.default, _ATEN.addmm.default, _ATEN.bmm.default, _ATEN.baddbmm.default}
+
+
+def _touches_logits(value, vocab: int) -> bool:
+    """Whether an op's tensors include logits: (..., vocab) with a batch or sequence axis."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() >= 2 and value.shape[-1] == vocab
+    if isinstance(value, list | tuple):
+        return any(_touches_logits(v, vocab) for v in value)
+    return False
 
 
 def _touches_scores(value, seq: int) -> bool:
@@ -93,13 +105,14 @@ class _EmbeddingBytes(TorchDispatchMode):
     the bytes every other non-matmul op reads and writes (elementwise, norms, softmax); the
     ops on attention scores (``seq`` x ``seq``) apart, in ``attention``."""
 
-    def __init__(self, seq: int = 0):
+    def __init__(self, seq: int = 0, vocab: int = 0):
         super().__init__()
         self.lookup = 0
         self.table = 0
         self.other = 0
         self.attention = 0
-        self.seq = seq
+        self.logits = 0  # the part of ``other`` on (..., vocab) tensors
+        self.seq, self.vocab = seq, vocab
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -108,7 +121,10 @@ class _EmbeddingBytes(TorchDispatchMode):
             if self.seq > 1 and _touches_scores((args, out), self.seq):
                 self.attention += _nbytes(args) + _nbytes(out)
             else:
-                self.other += _nbytes(args) + _nbytes(out)
+                moved = _nbytes(args) + _nbytes(out)
+                self.other += moved
+                if self.vocab and _touches_logits((args, out), self.vocab):
+                    self.logits += moved
         if func is _ATEN.embedding.default:
             self.lookup += out.numel() * out.element_size()
         elif func is _ATEN.embedding_dense_backward.default:
@@ -145,7 +161,9 @@ def traced_sample_counts(model_config) -> SampleCounts:
     inputs, targets = example_batch(model_config, 1, device="meta")
     blocks = _block_names(model)
     forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
-    lookups = _EmbeddingBytes(getattr(model_config, "seq_len", 0))
+    lookups = _EmbeddingBytes(getattr(model_config, "seq_len", 0),
+                              getattr(model_config, "vocab_size", 0) if is_decoder(model_config)
+                              else 0)
     with lookups:
         with forward:
             loss = loss_fn(model_config)(model(inputs), targets)
@@ -157,7 +175,7 @@ def traced_sample_counts(model_config) -> SampleCounts:
     # the dense table gradient is per step; lookups are per sample (batch of 1 here)
     return SampleCounts(forward.get_total_flops(), backward.get_total_flops(), block_flops,
                         lookups.lookup, lookups.table, params, lookups.other,
-                        lookups.attention)
+                        lookups.attention, lookups.logits)
 
 
 def is_decoder(model_config) -> bool:

@@ -17,10 +17,11 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   GPT default ``--attention-dropout 0.1``): on the math path a mask of (heads, seq, seq) is
   written forward and read backward, and the probabilities read and written once more.
 * ``attention_kernel``: the fused attention kernel the framework calls on GPUs: "fa2"
-  (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at
-  ``hardware.GPU.flash_attention_efficiency``), "triton" (FlashAttention in Triton: slower
-  than FA2 by ``project.ATTENTION_SLOWER``) or "fused" (Transformer Engine's cuDNN kernels:
-  no published rate, timed at the matmul rate).
+  (FlashAttention-2: PyTorch SDPA's flash backend, flash-attn 2, timed at its published
+  rate, ``hardware.FA2_H100_TFLOPS``), "triton" (FlashAttention in Triton: slower than FA2
+  by ``project.ATTENTION_SLOWER``) or "fused" (Transformer Engine's FusedAttention, which
+  TE 1.6-1.9 select over flash-attn on sm90: cuDNN's kernels, ``hardware.CUDNN_H100_TFLOPS``;
+  the matmul rate on a GPU without published figures).
 * ``fused_saves``: whether RMSNorm and grouped-query attention keep for backward what fused
   kernels keep (``fused_saves.py``: the norm's input and one statistic per row; keys and
   values as they are) or what eager composite ops keep (the normalized input too; keys and
@@ -126,8 +127,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
               "dist_optimizer.md: 18 bytes per parameter, 6 + 12/d distributed), "
-              "Transformer Engine's fused attention; bf16 gradients reduced in fp32 "
-              "(megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32 "
+              "Transformer Engine's fused attention (cuDNN's on Hopper: TE v1.7 "
+              "transformer_engine/pytorch/attention.py, 'Select FusedAttention on sm90'); "
+              "bf16 gradients reduced in fp32 (megatron/training/arguments.py sets "
+              "accumulate_allreduce_grads_in_fp32 "
               "under --bf16)", attention_kernel="fused", param_gather=True),
 )}
 

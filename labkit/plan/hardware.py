@@ -82,11 +82,46 @@ H100_SUSTAINED = 698.6 / 989  # H200 MSMF, all 8 GPUs busy
 B200_SUSTAINED = 1426.4 / 2250  # MSMF, all 8 GPUs busy
 MI300X_MAMF = 668.4 / 1300  # MAMF: no sustained figure published
 MATMUL_UNMEASURED = 0.5
-# A fused attention kernel is not a matmul: FlashAttention-2 (PyTorch SDPA's flash backend,
-# flash-attn 2) reaches "only 35% utilization" of the H100's bf16 peak (Shah et al. 2024,
-# 'FlashAttention-3', abstract and section 4.1; FA3 reaches 75%). Rows without a published
-# figure time attention at their matmul rate (``GPU.flash_attention_efficiency`` None).
-FA2_H100 = 0.35
+# A fused attention kernel is not a matmul: its rate depends on the kernel, the sequence
+# length and the head dimension, and each is published as forward + backward TFLOP/s on an
+# H100 SXM5 at a fixed 16k tokens a batch and width 2048 (FLOPs of a causal kernel counted
+# on the half it computes, backward 2.5x forward: flash-attention's benchmark_flash_attention.py,
+# labkit's ``step.fused_attention_flops``). Rows without published figures time attention
+# at their matmul rate (``GPU.attention_rates`` empty).
+# * "fa2", FlashAttention-2 (PyTorch SDPA's flash backend, flash-attn 2): Dao 2023,
+#   'FlashAttention-2', Figure 7 (H100 80GB SXM5, forward + backward), with causal mask:
+#   head dim 64 and 128 at 512 .. 16k tokens (the bars' labels; the same figure is the
+#   flash-attention README's assets/flash2_h100_fwd_bwd_benchmark.png, 2023-07-17).
+# * "cudnn", cuDNN's fused attention (Transformer Engine's FusedAttention, which TE 1.6-1.9
+#   selects over flash-attn on sm90 "for performance": transformer_engine/pytorch/
+#   attention.py, v1.7): Shah et al. 2024, 'FlashAttention-3', Figure 5(d) (forward, causal,
+#   head dim 128: the flash-attention README's assets/flash3_fp16_fwd.png, 2024-07-11) and
+#   Figure 6 (backward, head dim 128, no causal mask: the paper publishes no causal
+#   backward; UNSURE: read from a transcription of the figure, subtext.edge.nugit.net, not
+#   from the PDF), combined as 3.5 / (1 / forward + 2.5 / backward).
+FA2_H100_TFLOPS = {
+    64: ((512, 141), (1024, 192), (2048, 232), (4096, 257), (8192, 273), (16384, 284)),
+    128: ((512, 163), (1024, 221), (2048, 265), (4096, 294), (8192, 308), (16384, 328)),
+}
+_CUDNN_FWD_CAUSAL = ((512, 315), (1024, 410), (2048, 484), (4096, 518), (8192, 529),
+                     (16384, 539))
+_CUDNN_BWD = ((512, 305), (1024, 408), (2048, 465), (4096, 499), (8192, 518), (16384, 516))
+CUDNN_H100_TFLOPS = {128: tuple((seq, 3.5 / (1 / fwd + 2.5 / bwd)) for (seq, fwd), (_, bwd)
+                                in zip(_CUDNN_FWD_CAUSAL, _CUDNN_BWD, strict=True))}
+ATTENTION_SOURCE = ("Dao 2023 (FlashAttention-2) Figure 7; Shah et al. 2024 "
+                    "(FlashAttention-3) Figures 5(d) and 6: H100 SXM5, TFLOP/s")
+
+
+def _fractions(table: dict, peak_tflops: float) -> tuple:
+    """((head dim, ((seq, fraction of the bf16 peak), ...)), ...) of a TFLOP/s table."""
+    return tuple((d, tuple((seq, t / peak_tflops) for seq, t in rows))
+                 for d, rows in sorted(table.items()))
+
+
+H100_ATTENTION = (("fa2", _fractions(FA2_H100_TFLOPS, 989.4)),
+                  ("cudnn", _fractions(CUDNN_H100_TFLOPS, 989.4)))
+
+
 # torchtitan's Grand Teton H100s run at a 500 W limit, and torchtitan's performance page
 # says their peak lies "between SXM and NVL": the H100 NVL's dense bf16 peak, 835.5 TFLOP/s
 # (1,671 with sparsity, NVIDIA's H100 datasheet), over the SXM's 989.4 bounds it from below.
@@ -173,8 +208,11 @@ class GPU:
     peer_links: int = 0
     # achievable fraction of the bf16 peak on large matmuls (MAMF_SOURCE above)
     matmul_efficiency: float = MATMUL_UNMEASURED
-    # FlashAttention-2's fraction of the bf16 peak (FA2_H100); None: the matmul rate
-    flash_attention_efficiency: float | None = None
+    # ((kernel, ((head dim, ((seq, fraction of the bf16 peak), ...)), ...)), ...): fused
+    # attention kernels' published rates (ATTENTION_SOURCE); empty: the matmul rate
+    attention_rates: tuple = ()
+    # what those rates are scaled by on this row (a power-capped card: H100_500W)
+    attention_scale: float = 1.0
     # ((collective kind, fraction of the GPU links' rate NCCL achieves), ...): LINK_SOURCE;
     # empty: the datasheet rate
     link_efficiency: tuple[tuple[str, float], ...] = ()
@@ -204,6 +242,18 @@ class GPU:
         measured = dict(self.link_efficiency)
         return self.group_bandwidth(group, kind) * measured.get(kind,
                                                                 measured.get("all_reduce", 1.0))
+
+    def attention_efficiency(self, kernel: str, seq: int, head_dim: int) -> float | None:
+        """The fraction of the bf16 peak a fused attention ``kernel`` ("fa2", "cudnn")
+        reaches forward + backward at ``seq`` tokens and ``head_dim``: the published point at
+        the nearest head dimension and the longest published sequence not above ``seq``
+        (the shortest, below them all); None where the row has no figure for the kernel."""
+        tables = dict(self.attention_rates).get(kernel)
+        if not tables:
+            return None
+        _, rows = min(tables, key=lambda t: (abs(t[0] - head_dim), -t[0]))
+        below = [f for s, f in rows if s <= seq]
+        return (below[-1] if below else rows[0][1]) * self.attention_scale
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s of the matmuls of a run in ``precision`` ("fp32", "bf16", "mixed",
@@ -255,9 +305,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         f"Memory: {SMI_SOURCE} (85.5e9 bytes: 80 GiB of HBM3 less what the driver keeps). "
         "H100 SXM5. BF16 1979 TFLOPS with sparsity (989.4 dense). NVLink 900 GB/s both "
         "directions. DGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (50 GB/s per GPU). Matmuls: "
-        "the H100/H200 SXM sustained rate (MSMF); FlashAttention-2 at 35% of peak (FA2_H100). "
+        "the H100/H200 SXM sustained rate (MSMF); fused attention at its published rates "
+        "(H100_ATTENTION). "
         "Links: NCCL's measured rates on NVLink 4 (NVLINK4).",
-        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
+        matmul_efficiency=H100_SUSTAINED, attention_rates=H100_ATTENTION,
         link_efficiency=NVLINK4, sms=HOPPER_SMS),
     GPU("H100-96GB", 96 * GiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 2400 * GB, 8, 450 * GB, 50 * GB,
         "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md",
@@ -265,19 +316,19 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
         "performance page describes it), 400 Gb/s per GPU. 96 GB read as 96 GiB. At its "
         "500 W limit the peak lies between the SXM's and the NVL's (torchtitan's note): the "
         "peak printed is the SXM's (MFU's denominator, as torchtitan's), the rates charged are "
-        "the SXM's sustained matmul and FlashAttention-2 rates scaled by NVL/SXM peak "
+        "the SXM's sustained matmul and fused attention rates scaled by NVL/SXM peak "
         "(H100_500W, the bound's low end). UNSURE: no bf16 measurement at 500 W is published; "
         "132 SMs taken as the SXM's (the same die).",
         matmul_efficiency=H100_SUSTAINED * H100_500W,
-        flash_attention_efficiency=FA2_H100 * H100_500W, link_efficiency=NVLINK4,
+        attention_rates=H100_ATTENTION, attention_scale=H100_500W, link_efficiency=NVLINK4,
         sms=HOPPER_SMS),
     GPU("H200", 143771 * MiB, 989.4 * TFLOPS, 66.9 * TFLOPS, 4800 * GB, 8, 450 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/h200/",
         f"Memory: {SMI_PUBLIC} 143771 MiB on H200 SXM (driver 570.158.01; 140.4 GiB). H200 "
         "SXM: the H100's compute with 141 GB HBM3e at 4.8 TB/s. DGX H200 network as DGX "
-        "H100. Matmuls: the H200's sustained rate (MSMF); FlashAttention-2 as on the H100. "
+        "H100. Matmuls: the H200's sustained rate (MSMF); fused attention as on the H100. "
         "Links: NVLINK4 (measured on 8 H200s).",
-        matmul_efficiency=H100_SUSTAINED, flash_attention_efficiency=FA2_H100,
+        matmul_efficiency=H100_SUSTAINED, attention_rates=H100_ATTENTION,
         link_efficiency=NVLINK4, sms=HOPPER_SMS),
     GPU("B200", 183359 * MiB, 2250 * TFLOPS, 80 * TFLOPS, 8000 * GB, 8, 900 * GB, 50 * GB,
         "https://www.nvidia.com/en-us/data-center/hgx/",

@@ -7,7 +7,9 @@
   ``hardware.py``:
   ``GPU.matmul_efficiency``; measured matmuls on this machine), never an end-to-end MFU:
   everything else below is charged on top of it. A fused attention kernel runs at its own
-  published rate (FlashAttention-2: 35% of an H100's peak; ``GPU.flash_attention_efficiency``).
+  published rate at the run's sequence length and head dimension (FlashAttention-2's, or
+  cuDNN's under Transformer Engine: 27-33% and 48-53% of an H100's peak at 2k-8k tokens;
+  ``GPU.attention_rates``).
   Compute beside a hidden collective in a node runs ``OVERLAP_SLOWDOWN`` (18.9%) slower
   (NCCL's kernels take SMs: ``hardware.py``). A pipeline's compute is its busiest stage's
   (``step.step_flops``).
@@ -21,7 +23,9 @@
   backward (buckets), so only what outlasts backward is exposed, and never less than its last
   bucket (Megatron-Core's distributed optimizer: reduce-scatters under backward, parameter
   all-gathers under the next forward; Megatron 2021 and DeepSpeed's pipeline reduce after
-  backward: exposed whole);
+  backward: exposed whole); a reduction done once a step runs in the last micro-batch's
+  backward only, the parameter gathers in the first micro-batch's forward
+  (``overlap.hiding_window_s``);
   FSDP's all-gathers and reduce-scatters likewise during forward and backward; tensor
   parallelism is exposed unless the framework overlaps it (Megatron-Core); pipeline sends
   are exposed.
@@ -44,6 +48,7 @@ from labkit.plan.counts import (
 )
 from labkit.plan.frameworks import framework
 from labkit.plan.hardware import OVERLAP_SLOWDOWN
+from labkit.plan.overlap import exposed_s
 from labkit.plan.parallelism import Parallelism, parallelism
 from labkit.plan.projection import ASSUMPTIONS, Projection
 from labkit.plan.recommender import recommender_memory
@@ -168,15 +173,20 @@ def project(model_config, layout: Layout | Parallelism, cluster: GPUCluster, glo
 # is taken. (The same section's 1.3-2.5x is over its "FlashAttention in Triton" baseline,
 # which it does not name as this kernel; the kernel's own docstring places it beside FA1.)
 ATTENTION_SLOWER = {"fa2": 1.0, "triton": 1.7}
+# The published kernel each framework's attention_kernel is timed by (``hardware.GPU
+# .attention_rates``): Transformer Engine's "fused" is cuDNN's on Hopper (TE 1.6-1.9 select
+# it over flash-attn on sm90); Triton's against FA2's.
+ATTENTION_KERNELS = {"fa2": "fa2", "triton": "fa2", "fused": "cudnn"}
 
 
 def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts, model_config=None,
               layout: Parallelism | None = None) -> float:
     """Seconds of the step's FLOPs: the matmuls at the sustained matmul rate, less what
     their shapes lose to tile and wave quantization (``waves.gemm_efficiency``, where the
-    model and layout are given), a fused attention kernel's at its own (FlashAttention-2's,
-    or a slower kernel's against it (``ATTENTION_SLOWER``), where the GPU's row has a
-    published figure)."""
+    model and layout are given), a fused attention kernel's at its own published rate at the
+    model's sequence length and head dimension (FlashAttention-2's or cuDNN's,
+    ``ATTENTION_KERNELS``; a slower kernel's against it, ``ATTENTION_SLOWER``), where the
+    GPU's row has one."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(lever.precision)
     attention = costs.attention_flops  # a fused kernel's: not GEMMs of the linears' shapes
@@ -188,8 +198,12 @@ def _matmul_s(cluster: GPUCluster, lever: Lever, costs: StepCosts, model_config=
                                 framework(lever.framework).vocab_parallel, bool(attention))
     kernel = framework(lever.framework).attention_kernel
     fused = peak * cluster.efficiency  # no published rate: the matmul rate
-    if attention and gpu.flash_attention_efficiency and kernel in ATTENTION_SLOWER:
-        fused = peak * gpu.flash_attention_efficiency / ATTENTION_SLOWER[kernel]
+    published = (gpu.attention_efficiency(ATTENTION_KERNELS[kernel], model_config.seq_len,
+                                          model_config.d_head)
+                 if attention and model_config is not None and kernel in ATTENTION_KERNELS
+                 else None)
+    if published:
+        fused = peak * published / ATTENTION_SLOWER.get(kernel, 1.0)
     return (costs.flops - attention) / rate + attention / fused
 
 
@@ -197,8 +211,8 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     """Time one step from its counted costs: compute, each dimension's busy and exposed
     communication, the pipeline's bubble (the module docstring's model)."""
     compute = _compute_s(model_config, layout, cluster, lever, costs)
-    busy, links, critical = _busy_s(layout, cluster, lever, costs)
-    exposed = _exposed_s(layout, cluster, lever, costs, compute, busy, critical)
+    busy, links, critical, by_kind = _busy_s(layout, cluster, lever, costs)
+    exposed = exposed_s(layout, cluster, lever, costs, compute, busy, critical, by_kind)
     if not cluster.gpu.measured:
         # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
         # where it was measured, collectives among the GPUs of one node
@@ -225,10 +239,10 @@ def _compute_s(model_config, layout, cluster, lever, costs) -> float:
     return compute
 
 
-def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict]:
+def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict, dict]:
     """({dim: busy seconds}, {dim: "network" or "in-node"}, {dim: seconds that lie on the
-    critical path whatever the overlap})."""
-    busy, links, critical = {}, {}, {}
+    critical path whatever the overlap}, {(dim, kind): busy seconds})."""
+    busy, links, critical, by_kind = {}, {}, {}, {}
     runner = framework(lever.framework)
     for (dim, kind), (calls, nbytes) in costs.comm.items():
         spans = spans_nodes(layout, dim, cluster.gpus_per_node)
@@ -236,6 +250,7 @@ def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict]:
         t = _collective_s(cluster, kind, getattr(layout, dim), calls, nbytes, spans,
                           members_per_node(layout, dim, cluster.gpus_per_node))
         busy[dim] = busy.get(dim, 0.0) + t
+        by_kind[(dim, kind)] = t
         if kind == "all_to_all" and dim == "dp":  # ep: the tokens wait for their experts
             critical[dim] = critical.get(dim, 0.0) + t
         if (dim, kind) == ("fsdp", "all_gather") and runner.backward_prefetch == "post":
@@ -244,34 +259,7 @@ def _busy_s(layout, cluster, lever, costs) -> tuple[dict, dict, dict]:
             # micro-batch, the backward's u-1 lie on the critical path
             units = (calls / lever.micro_batches + 1) / 2
             critical[dim] = critical.get(dim, 0.0) + t * (units - 1) / (2 * units - 1)
-    return busy, links, critical
-
-
-def _exposed_s(layout, cluster, lever, costs, compute, busy, critical) -> dict:
-    """{dim: seconds of its communication the step waits for}, as the framework overlaps it."""
-    exposed = dict(busy)
-    runner = framework(lever.framework)
-    backward = compute * 2 / 3  # backward is ~2/3 of a step's FLOPs
-    if runner.tp_overlap and "tp" in busy:  # run under the matmuls that feed them
-        exposed["tp"] = max(0.0, busy["tp"] - compute)
-    for dim in ("dp", "fsdp"):
-        if dim not in busy:
-            continue
-        calls = sum(c for (d, k), (c, _) in costs.comm.items() if d == dim
-                    and k != "all_to_all")
-        hide = backward if dim == "dp" else compute
-        if (dim, "all_gather") in costs.comm:  # gathers under forward, the rest under backward
-            hide = compute
-        if not runner.dp_overlap:  # reduced after backward, whole
-            hide, calls = 0.0, 1
-        if layout.data_engine == "naive" or cluster.gpu.measured:
-            # this machine: a CPU rank's collectives run on gloo's threads, on the one
-            # core its compute has (no copy engine, no second stream): labkit's own split
-            # measures them exposed whole (comm_s = comm_busy_s under FSDP and DDP)
-            hide = 0.0
-        late = busy[dim] - critical.get(dim, 0.0)
-        exposed[dim] = critical.get(dim, 0.0) + max(late - hide, late / max(calls, 1))
-    return exposed
+    return busy, links, critical, by_kind
 
 
 def chunks_per_rank(layout: Parallelism, lever: Lever) -> int:

@@ -20,8 +20,10 @@ ASSUMPTIONS = (
     "the run's GEMM shapes lose to tile and wave quantization on the GPU's SMs (waves.py; "
     "A100 and Hopper rows); bandwidth-bound work, exposed communication and the bubble are "
     "added on top",
-    "a fused attention kernel runs at its published rate where the framework calls "
-    "FlashAttention-2 (35% of an H100's bf16 peak, Shah et al. 2024), else at the matmul rate",
+    "a fused attention kernel runs at its published forward + backward rate at the run's "
+    "sequence length and head dimension (FlashAttention-2: Dao 2023, Figure 7; cuDNN's, "
+    "Transformer Engine's on Hopper: Shah et al. 2024, Figures 5-6; H100 rows), else at the "
+    "matmul rate",
     "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "
     "takes SMs: the mean measured in arXiv 2507.03114); none charged beside network "
     "collectives (not measured there)",
@@ -35,8 +37,11 @@ ASSUMPTIONS = (
     "NICs' rate (NCCL over 4 B200 nodes), a ring on as many NICs as the group has members in "
     "a node",
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
-    "the framework overlaps it; tp hides only under Megatron-Core's overlap; pipeline sends are "
-    "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
+    "the framework overlaps it: a gradient reduction done once a step under the last "
+    "micro-batch's backward only, the distributed optimizer's parameter gather under the "
+    "first micro-batch's forward, FSDP's gathers under every micro-batch; tp hides only under "
+    "Megatron-Core's overlap; pipeline sends are exposed; on this machine nothing hides (a "
+    "CPU rank's collectives share its one core)",
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",

@@ -192,20 +192,27 @@ def _megatron_core() -> list[Run]:
         runs.append(Run(
             f"mcore24_{name}", MCORE, gpt(hidden, heads, layers, vocab=131072, seq=4096),
             Parallelism.of(dp=dp, tp=tp, pp=pp, schedule="1f1b" if pp > 1 else None), "H100",
-            batch, batch // dp, MCORE_TFLOPS, tflops,
+            batch, batch // dp if pp > 1 else 1, MCORE_TFLOPS, tflops,
             dict(flash_attention=True, sequence_parallel=tp > 1, zero_stage=1,
                  framework="megatron-core"),
             ("GPT blocks, vocabulary 131,072, sequence 4,096 (the README); untied embeddings "
              "(the rows' parameter counts: 1.7B and 7.1B are untied, tied would be 1.5B and "
              "6.6B)", "bf16 mixed precision (MFU is of the bf16 peak: 408.8 / 989 = 41%)",
-             "micro-batch size 1 (not said), the rest of a replica's batch accumulated",
+             "micro-batch size not said: 1 where there is a pipeline (the rest of a "
+             "replica's batch accumulated, its bubble shrinking with more micro-batches), "
+             "the replica's whole batch (4) where there is none (Narayanan et al. 2021, "
+             "section 3.5: without a pipeline a larger micro-batch only raises throughput; "
+             "and at 1 the 32B row's fp32 gradients, 15.8 GB a rank over one NIC, could hide "
+             "only under the last micro-batch's backward, a step slower than published)",
              "no activation recomputation (not said)", "--overlap-grad-reduce and "
              "--overlap-param-gather: the distributed optimizer (ZeRO-1 over dp)",
              "--tp-comm-overlap, which needs sequence parallelism: sequence parallel where "
              "tp > 1", "1F1B without interleaving: 92 / 4 = 23 and 112 / 16 = 7 layers per "
              "stage admit no even 2-chunk split (the table does not say)",
-             "Transformer Engine's fused attention, timed at the matmul rate "
-             "(frameworks.py 'megatron-core')")))
+             "Transformer Engine's fused attention: cuDNN's on Hopper (TE 1.6-1.9), at its "
+             "published forward and backward rates (hardware.CUDNN_H100_TFLOPS); dropout "
+             "taken as off (Megatron's default 0.1 is not said either way, and no rate "
+             "with dropout is published)")))
     return runs
 
 

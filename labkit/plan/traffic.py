@@ -40,6 +40,14 @@ def memory_bound_bytes(model_config, layout: Parallelism, lever: Lever,
     else:
         attention = counts.attention_bytes + dropout_bytes(model_config, lever)
     other = counts.other_bytes + attention
+    if width < 1 and counts.logits_bytes:
+        # the loss runs in fp32 whatever the compute dtype: Megatron's cross entropy casts
+        # the logits (.float(): tensor_parallel/cross_entropy.py), torchtitan's loss_fn
+        # too (train.py, 2024-12), autocast runs log_softmax and nll_loss in fp32 (torch's
+        # autocast op list): its ops' bytes as counted (fp32), and the casts, the logits
+        # read in bf16 and written in fp32 forward, their gradient back (12 bytes a logit)
+        casts = 12 * model_config.seq_len * model_config.vocab_size
+        other += (counts.logits_bytes + casts) / width - counts.logits_bytes
     if lever.activation_checkpointing:
         other += (counts.other_bytes + attention) / 3
     elif lever.selective_recompute == "op":  # every op but the matmuls and attention again
