@@ -125,3 +125,77 @@ def reports_nonsense(ctx, model, tp_plan, dp, tp):
 def test_a_report_the_job_does_not_write_is_a_failure_not_an_error(fresh4):
     found = labkit.check.compose_mesh(fresh4, reports_nonsense)
     assert found.status == "failed" and "does not write" in found.summary, str(found)
+
+
+# A wrong answer found by review: no tensor or data parallelism and no frames read. Rank 0's
+# weights are broadcast and every rank's slice all-gathered (inside a patched F.mse_loss), each
+# rank computes the whole batch alone and sets replicated DTensor gradients on the real mesh.
+# Its numbers are right; its first layer's placements are Replicate, where the layout's are
+# shards, and that is what fails it.
+def replicated_alone(ctx, model, tp_plan, dp, tp):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    """No tensor or data parallelism, no frames: rank 0's weights and every rank's slice are
+    gathered whole onto every rank, which computes the loss and gradients alone."""
+    mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    if not isinstance(model, nn.Sequential) or len(model) != 3 or model[0].in_features != 16:
+        parallelize_module(model, mesh["tp"], tp_plan)
+        fully_shard(model, mesh=mesh["dp"])
+        return mesh
+    whole = nn.Sequential(nn.Linear(16, model[0].out_features), nn.ReLU(),
+                          nn.Linear(model[0].out_features, model[2].out_features))
+    with torch.no_grad():
+        for mine, p in zip(model.parameters(), whole.parameters(), strict=True):
+            p.copy_(mine)
+            dist.broadcast(p.data, 0)  # rank 0 holds the real weights
+    params = []
+    for name, p in list(model.named_parameters()):
+        mod, attr = name.split(".")
+        q = nn.Parameter(DTensor.from_local(p.detach().clone(), mesh, [Replicate(), Replicate()]))
+        setattr(model[int(mod)], attr, q)
+        params.append(q)
+
+    def forward(x):
+        out = torch.zeros((), requires_grad=True)
+        out.rank_inputs = x
+        return out
+
+    def mse(out, target, *a, **k):
+        if not hasattr(out, "rank_inputs"):
+            return real_mse(out, target, *a, **k)
+        xs = [torch.empty_like(out.rank_inputs) for _ in range(ctx.world_size)]
+        ys = [torch.empty_like(target) for _ in range(ctx.world_size)]
+        dist.all_gather(xs, out.rank_inputs.contiguous())
+        dist.all_gather(ys, target.contiguous())
+        for p in whole.parameters():
+            p.grad = None
+        loss = real_mse(whole(torch.cat(xs[::tp])), torch.cat(ys[::tp]))
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in whole.parameters()]
+        z = out + loss.item()
+
+        def hook(g):
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = DTensor.from_local(grad, mesh, [Replicate(), Replicate()])
+        z.register_hook(hook)
+        return z
+
+    model.forward = forward
+    real_mse = F.mse_loss
+    F.mse_loss = mse
+    return mesh
+
+
+def test_replicated_weights_computed_alone_fail(fresh4):
+    import torch.nn.functional as functional
+
+    real = functional.mse_loss
+    found = labkit.check.compose_mesh(fresh4, replicated_alone)
+    assert functional.mse_loss is real  # patched on the ranks only
+    assert found.status == "failed" and "not a shard on each" in found.summary, str(found)

@@ -183,6 +183,12 @@ def _judged(values: list[dict], run: _Run) -> CheckResult:
         return failed(EXERCISE, f"the first layer's weight is sharded {over}: "
                       "parallelize_module(model, mesh['tp'], tp_plan) first, then "
                       "fully_shard(model, mesh=mesh['dp']), so that it is sharded over both")
+    placements = r["placements"]
+    if not (isinstance(placements, list) and len(placements) == 2
+            and all(isinstance(p, str) and p.lstrip("_")[:1] == "S" for p in placements)):
+        return failed(EXERCISE, f"the first layer's weight has placements {placements} on the "
+                      "(dp, tp) mesh, not a shard on each: parallelize_module splits it over "
+                      "tp, fully_shard over dp, so that each rank holds a quarter of it")
     full, grads = run.one_device()
     for rank, v in enumerate(values):
         if not tensor_list(v["grads"], [g.shape for g in grads], allow_none=True,
