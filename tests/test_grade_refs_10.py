@@ -321,3 +321,38 @@ def test_the_reader_changes_nothing_of_the_checker_and_caps_memory(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "bomb")
     with pytest.raises(Unreadable, match="link"):
         read_checkpoint(str(tmp_path / "link"))
+
+
+def _with_value(folder, value) -> str:
+    """A checkpoint of one plain value (a bytes entry), ``value``."""
+    from torch.distributed.checkpoint import metadata as m
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    (folder / "d").write_bytes(buffer.getvalue())
+    meta = m.Metadata({"v": m.BytesStorageMetadata()},
+                      storage_data={m.MetadataIndex("v"): _StorageInfo(
+                          "d", 0, len(buffer.getvalue()))})
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    return str(folder)
+
+
+def test_plain_values_are_weighed_however_nested(tmp_path):
+    """A stride-0 view of a gigabyte nested nine lists deep, and lists of one list sixteen
+    times over, eight deep (16**8 items to walk), are refused, and at once."""
+    from labkit.lessons.checkpoints.read import Unreadable, read_checkpoint
+
+    deep = torch.zeros(1).expand(2 ** 28)
+    for _ in range(9):
+        deep = [deep]
+    shared = [1]
+    for _ in range(8):
+        shared = [shared] * 16
+    for name, value in (("deep", deep), ("shared", shared)):
+        (tmp_path / name).mkdir()
+        with pytest.raises(Unreadable, match="not a plain value"):
+            read_checkpoint(_with_value(tmp_path / name, value))
+    (tmp_path / "plain").mkdir()
+    assert read_checkpoint(_with_value(tmp_path / "plain", {"lr": 0.01, "betas": [0.9, 0.99]})
+                           ).values["v"]["betas"] == [0.9, 0.99]

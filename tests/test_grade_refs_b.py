@@ -213,3 +213,15 @@ def test_reports_of_another_dtype_or_numbers_past_floats_fail_without_raising():
     report = {"grads": [torch.zeros(3, dtype=torch.float64)], "traffic": traffic}
     assert not _well_formed(report, [(3,)], hook=False)  # allclose with float32 would raise
     assert _well_formed(dict(report, grads=[torch.zeros(3)]), [(3,)], hook=False)
+
+
+def seconds_as_text(nbytes, ranks, alpha_s, bandwidth):
+    """The right formula, its answer returned as text."""
+    if ranks == 1:
+        return "0"
+    return repr(2 * (ranks - 1) * alpha_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth)
+
+
+def test_all_reduce_seconds_returned_as_text_fails(fresh):
+    found = labkit.check.all_reduce_seconds(fresh, seconds_as_text)
+    assert "return seconds as a number" in failed(found)

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 METADATA_FILE = ".metadata"
 MAX_FILE_BYTES = 8 * 2**20  # .metadata, and the most read from the data files in all
 MAX_ENTRIES = 1_000
+MAX_DEPTH = 8  # how deeply a plain value (Adam's settings: a dict of lists) may nest
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # "__0_0.distcp": no folders, no ".."
 
 # The classes and functions a ``.metadata`` that DCP wrote names (torch 2.x), and nothing else.
@@ -218,14 +219,22 @@ def read_checkpoint(folder: str) -> Checkpoint:
 
 def _plain_value(value, key: str, budget: list[int]):
     """``value`` if its tensors (a tensor may view a one-byte storage as gigabytes) fit what
-    is left of the memory budget."""
-    def weigh(item, depth: int = 0) -> None:
+    is left of the memory budget, and it is a plain value: nested at most ``MAX_DEPTH`` deep,
+    of at most ``MAX_ENTRIES`` items in all (a list holding one list many times over would
+    otherwise be walked exponentially often)."""
+    items = [0]
+
+    def weigh(item, depth: int) -> None:
+        items[0] += 1
+        if items[0] > MAX_ENTRIES or depth > MAX_DEPTH:
+            raise Unreadable(f"its entry {key!r} is not a plain value (too deep or too many "
+                             "items)")
         if isinstance(item, torch.Tensor):
             budget[1] -= item.numel() * item.element_size()
-        elif isinstance(item, dict | list | tuple) and depth < 8:
+        elif isinstance(item, dict | list | tuple):
             for inner in (item.values() if isinstance(item, dict) else item):
                 weigh(inner, depth + 1)
-    weigh(value)
+    weigh(value, 0)
     if budget[1] < 0:
         raise Unreadable(f"its entry {key!r} holds more than {MAX_FILE_BYTES} bytes")
     return value

@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from labkit.lessons.checkpoints.read import Checkpoint
 from labkit.models import MLPConfig, build_model, loss_fn
@@ -137,7 +138,8 @@ def write_own(folder: str, saved: Checkpoint, found: dict, state: dict, step: in
         with warnings.catch_warnings():  # "assuming the intent is to save in one process"
             warnings.simplefilter("ignore")
             dcp.save(entries, checkpoint_id=folder, no_dist=True)
-    except Exception as error:  # noqa: BLE001 - entries DCP does not save again: the judge says
+    except (Exception, CheckpointException) as error:  # noqa: BLE001 - entries DCP does not
+        # save again (its CheckpointException is a BaseException): the judge says
         return (f"the check could not write a checkpoint with your checkpoint's entries "
                 f"({type(error).__name__}: {error}): keep tensors and plain values in it")
     return None

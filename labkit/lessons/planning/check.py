@@ -85,6 +85,8 @@ def all_reduce_seconds(cluster, fn, timeout: float | None = None) -> CheckResult
                           "write: its code on that rank changed the check's measurements")
         for case, got in zip(cases, values, strict=True):
             try:
+                if isinstance(got, str | bytes | bool):
+                    raise TypeError(type(got).__name__)  # float("1e-3") would take text
                 got = float(got)
             except (TypeError, ValueError, OverflowError):
                 return failed(EXERCISE, f"all_reduce_seconds{case} returned {got!r}: return "
