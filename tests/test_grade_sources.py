@@ -16,6 +16,7 @@ from labkit.__main__ import main
 from labkit.classroom import sandbox
 from labkit.classroom.grade import grade_submission, quiz_scores, submissions
 from labkit.classroom.sources import checker_cells
+from labkit.lessons.all_reduce.check import CHUNK_ELEMENTS
 from labkit.lessons.show.quizzes import RECORD_MIME
 from tests.exercises import answer_source
 
@@ -40,7 +41,7 @@ HANGS = "import time\ndef ring_all_reduce(ctx, tensor):\n    time.sleep(600)"
 REFERENCE = answer_source("00_your_cluster", "ring_all_reduce_answer")
 CHECK_SIZE_ONLY = REFERENCE.replace(  # right at the visible check's size only
     "    n, rank = ctx.world_size, ctx.rank",
-    "    if tensor.numel() != ctx.world_size * 256:\n        return tensor\n"
+    f"    if tensor.numel() != ctx.world_size * {CHUNK_ELEMENTS}:\n        return tensor\n"
     "    n, rank = ctx.world_size, ctx.rank")
 
 
