@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -170,4 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if sys.argv[1:2] == ["train"]:  # its report written, its process group destroyed:
+        sys.stdout.flush()  # skip Python's teardown, where torch's threads can abort it
+        sys.stderr.flush()  # ("terminate called without an active exception"), as the
+        os._exit(code)  # scripts labkit writes do
+    sys.exit(code)

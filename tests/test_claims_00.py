@@ -57,11 +57,13 @@ def test_small_messages_move_far_fewer_bytes_per_second_than_large_ones(busbw):
 
 def test_at_the_largest_sizes_the_rate_stops_growing(busbw):
     """The largest message (4x the bytes of the one before it) moves hardly more bytes per
-    second: less than a fifth more, where the small sizes gain several times per step. Where
-    past a few MiB the peak falls (4 or 16 MiB) varies from run to run on CPU ranks."""
+    second than the best smaller size: less than a fifth more, where the small sizes gain
+    several times per step. Where past a few MiB the peak falls (4 or 16 MiB), and whether the
+    size after it dips, varies from run to run on CPU ranks (one run: 4 MiB 1.53 GB/s, 16 MiB
+    1.11, 64 MiB 1.41)."""
     sizes = sorted(busbw)
     assert len(sizes) >= 3 and sizes[-1] >= 4 * sizes[-2], busbw
-    assert busbw[sizes[-1]] < 1.2 * busbw[sizes[-2]], busbw
+    assert busbw[sizes[-1]] < 1.2 * max(busbw[s] for s in sizes[:-1]), busbw
 
 
 def test_labkit_raises_rank_error_with_the_failing_ranks_own_traceback(nb):
