@@ -72,7 +72,8 @@ def test_a_reduction_once_a_step_hides_under_the_last_micro_batchs_backward_only
     # Megatron-Core registers gradients ready "when processing the last microbatch" and
     # gathers the distributed optimizer's parameters under the next step's first forward:
     # 2 nodes x 8 H100s, dp over the network, the same step in 1 or 8 micro-batches
-    from labkit.plan.project import _busy_s
+    from labkit.plan.hardware import OVERLAP_SLOWDOWN
+    from labkit.plan.project import _busy_s, _compute_s
 
     model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
     layout, cluster = Parallelism.of(dp=16), plan.GPUCluster("H100", nodes=2)
@@ -80,11 +81,13 @@ def test_a_reduction_once_a_step_hides_under_the_last_micro_batchs_backward_only
     one = plan.project(model, layout, cluster, micro_batches=1, **kw)
     eight = plan.project(model, layout, cluster, micro_batches=8, **kw)
     by_kind = _busy_s(layout, cluster, eight.lever, eight.costs)[3]
-    compute = eight.compute_s  # no in-node collective: no overlap slowdown charged
+    compute = _compute_s(model, layout, cluster, eight.lever, eight.costs)  # no slowdown
     rs, ag = by_kind[("dp", "reduce_scatter")], by_kind[("dp", "all_gather")]
     assert rs > compute * 2 / 3 / 8 and ag > compute / 3 / 8  # each outlasts its window
     assert eight.exposed_s["dp"] == pytest.approx(
         (rs - compute * 2 / 3 / 8) + (ag - compute / 3 / 8))
+    # what hid (a window's worth each) slowed the compute beside it
+    assert eight.compute_s == pytest.approx(compute * (1 + OVERLAP_SLOWDOWN / 8))
     assert eight.exposed_s["dp"] > 5 * one.exposed_s["dp"]
     # FSDP: gathers in every micro-batch (under all of it); a reduce-scatter once a step
     # (torch's no_sync) under the last backward, Composer's after every micro-batch under each
@@ -95,7 +98,12 @@ def test_a_reduction_once_a_step_hides_under_the_last_micro_batchs_backward_only
         lever = Lever(128, 8, framework=name)
         assert hiding_window_s("fsdp", "reduce_scatter", lever, 1.0) == pytest.approx(window)
         assert hiding_window_s("fsdp", "all_gather", lever, 1.0) == 1.0
+        assert hiding_window_s("fsdp", "all_gather", lever, 1.0, pipelined=True) == 1.0
         assert hiding_window_s("dp", "all_reduce", lever, 1.0) == pytest.approx(2 / 3 / 8)
+    kept = Lever(128, 8, framework="llama3")  # gathered to backward: under the forwards;
+    assert hiding_window_s("fsdp", "all_gather", kept, 1.0) == pytest.approx(1 / 3)
+    assert hiding_window_s("fsdp", "all_gather", kept, 1.0, pipelined=True) == pytest.approx(
+        1 / 3 / 8)  # in a pipeline once a step, under the first micro-batch's
 
 
 def test_the_loss_moves_fp32_logits_whatever_the_compute_dtype(monkeypatch):

@@ -200,7 +200,7 @@ def test_attention_rates_are_the_published_points_at_or_below_the_sequence():
     assert GPUS["A100-80GB"].attention_efficiency("fa2", 4096, 128) is None
 
 
-def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_only():
+def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_and_beyond():
     from labkit.plan.hardware import OVERLAP_SLOWDOWN
     from labkit.plan.project import _matmul_s
 
@@ -214,8 +214,8 @@ def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_on
                  + p.costs.memory_bound_bytes / cluster.gpu.memory_bandwidth)
         hidden = p.comm_s["fsdp"] - p.exposed_s["fsdp"]
         assert hidden > 0
-        charged = OVERLAP_SLOWDOWN * hidden if p.links["fsdp"] == "in-node" else 0.0
-        assert p.compute_s == pytest.approx(alone + charged), p.links  # measured in a node
+        assert p.compute_s == pytest.approx(alone + OVERLAP_SLOWDOWN * hidden), p.links
+    assert p.links["fsdp"] == "network"  # the second: 16 ranks on two nodes
 
 
 def test_a_power_capped_h100_sustains_the_nvl_bound():
@@ -240,6 +240,40 @@ def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
 
     gather_s = _collective_s(cluster, "all_gather", 8, *gathers, False)
     assert post.exposed_s["fsdp"] >= gather_s * (units - 1) / (2 * units - 1)
+
+
+def test_shards_kept_gathered_to_backward_are_gathered_once_and_held():
+    # Llama 3's FSDP (section 3.3.2) does not reshard after forward: each unit is gathered
+    # once per micro-batch, not again in backward, and the rank holds all of them at once
+    import dataclasses
+
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    cluster = plan.GPUCluster("H100", nodes=2)
+    units, m = model.n_layers + 1, 4
+    kept_row = FRAMEWORKS["llama3"]
+    assert not kept_row.reshard_after_forward and FRAMEWORKS["megatron-core"].reshard_after_forward
+    assert dataclasses.replace(kept_row, name="megatron-core", source="",
+                               reshard_after_forward=True) == dataclasses.replace(
+        FRAMEWORKS["megatron-core"], source="")  # the rest: Megatron-Core's row
+    layout = Parallelism.of(fsdp=16, dp_kind="fsdp")
+    freed, kept = (plan.project(model, layout, cluster, global_batch=64, micro_batches=m,
+                                framework=name) for name in ("megatron-core", "llama3"))
+    (freed_calls, freed_bytes), (kept_calls, kept_bytes) = (
+        p.costs.comm[("fsdp", "all_gather")] for p in (freed, kept))
+    assert (freed_calls, kept_calls) == ((2 * units - 1) * m, units * m)
+    from labkit.plan.step import local_params
+
+    assert kept_bytes == pytest.approx(m * 2 * local_params(model, layout, "llama3"))  # bf16
+    assert kept.costs.memory["other"] == pytest.approx(kept_bytes / m)  # every unit held
+    assert freed.costs.memory["other"] < kept.costs.memory["other"] / 3  # two blocks
+    # in a pipeline, torch's schedules keep a stage's FSDP modules gathered past each
+    # micro-batch's backward (PipelineStage.backward_maybe_with_nosync): once a step
+    piped = Parallelism.of(fsdp=8, pp=2, schedule="1f1b", dp_kind="fsdp")
+    once = plan.project(model, piped, cluster, global_batch=64, micro_batches=m,
+                        framework="llama3")
+    calls, nbytes = once.costs.comm[("fsdp", "all_gather")]
+    assert calls == model.n_layers // 2 + 1 and nbytes == pytest.approx(
+        once.costs.memory["other"])
 
 
 def test_plain_pytorch_fsdp_runs_are_projected_faster_than_published():

@@ -40,6 +40,12 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   during the next forward, in the compute dtype (Megatron-Core's ``--overlap-grad-reduce
   --overlap-param-gather``: ``param_and_grad_buffer.py``'s ``_reduce_scatter_base``, at
   f2e5db402c), not one AllReduce of the gradients.
+* ``reshard_after_forward``: whether FSDP frees each unit's gathered parameters after its
+  forward and gathers them again in backward (FSDP2's default, FSDP1's FULL_SHARD) or keeps
+  them gathered until that micro-batch's backward is done, gathering each unit once per
+  micro-batch (FSDP2's ``reshard_after_forward=False``; Llama 3's FSDP, Dubey et al. 2024,
+  section 3.3.2: "for model shards we do not reshard after forward computation to avoid an
+  extra all-gather communication during backward passes").
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -47,6 +53,7 @@ planner needs to know about one beside the layout (``project(..., framework=...)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,6 +94,7 @@ class Framework:
     fused_saves: bool = True
     reduce_every_micro_batch: bool = False
     param_gather: bool = False
+    reshard_after_forward: bool = True
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -133,6 +141,15 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "accumulate_allreduce_grads_in_fp32 "
               "under --bf16)", attention_kernel="fused", param_gather=True),
 )}
+# Meta's stack for Llama 3 (Dubey et al. 2024, section 3.3.2): 4D parallelism with FSDP over
+# the data-parallel ranks, its model shards kept gathered from forward to backward. What the
+# paper does not describe (kernels, tp overlap, buckets, mixed-precision state) is taken as
+# Megatron-Core's.
+FRAMEWORKS["llama3"] = dataclasses.replace(
+    FRAMEWORKS["megatron-core"], name="llama3", reshard_after_forward=False,
+    source="Llama 3's 4D parallelism (Dubey et al. 2024, section 3.3.2): FSDP sharding "
+           "optimizer states and gradients, model shards not resharded after forward; "
+           "the rest (not published) as Megatron-Core's row: " + FRAMEWORKS["megatron-core"].source)
 
 
 def framework(name: str) -> Framework:

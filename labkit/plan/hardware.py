@@ -132,6 +132,10 @@ H100_500W = 835.5 / 989.4
 # "an average computational slowdown of 18.9%, with a maximum of 40.0%" (Characterizing
 # Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning, arXiv
 # 2507.03114, abstract). ``project`` charges it on the compute a hidden collective overlaps.
+# The runs measured were of GPUs in one node; the planner charges it beside collectives over
+# the network too: NCCL runs those as kernels on the SMs as well, a CUDA block per channel
+# (NCCL's environment-variable docs, NCCL_MIN_NCHANNELS: more channels use "more CUDA compute
+# resources"), the kernels reducing and copying every chunk that the NIC sends or receives.
 OVERLAP_SLOWDOWN = 0.189
 OVERLAP_SOURCE = "arXiv 2507.03114 (compute-communication overlap characterized): 18.9% mean"
 # What NCCL achieves over a node's GPU links, over their one-direction spec: nccl-tests' bus

@@ -10,7 +10,8 @@ and the parameters one rank holds.
   holds pp, GPipe all of them). Fused attention and selective recomputation keep no
   seq x seq scores; sequence parallelism splits the d_model-wide tensors over tp
   (Korthikanti et al. 2022); torchtitan's op policy keeps every second matmul's output.
-* FSDP's two gathered blocks.
+* FSDP's two gathered blocks (all of a rank's, where the framework keeps them gathered from
+  forward to backward).
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def decoder_memory(model_config, layout: Parallelism, lever: Lever, measured: bo
         per_sample = max(first, last + rest) + recompute
     activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
     other = 0.0
-    if stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
+    if stage == 3 and shards > 1 and not framework(lever.framework).reshard_after_forward:
+        other += local * compute_bytes(lever.precision)  # every unit gathered to backward
+    elif stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
         other += 2 * blocks.params * compute_bytes(lever.precision)
     return {"parameters": state["parameters"], "gradients": state["gradients"],
             "optimizer": state["optimizer"], "activations": activations, "other": other}

@@ -8,7 +8,8 @@ from labkit.plan.frameworks import framework
 from labkit.plan.levers import Lever
 
 
-def hiding_window_s(dim: str, kind: str, lever: Lever, compute: float) -> float:
+def hiding_window_s(dim: str, kind: str, lever: Lever, compute: float,
+                    pipelined: bool = False) -> float:
     """Seconds of compute a (dim, kind) collective of the data-parallel gradients or
     parameters can run under, as the frameworks schedule them over a step's micro-batches.
 
@@ -24,12 +25,19 @@ def hiding_window_s(dim: str, kind: str, lever: Lever, compute: float) -> float:
       each module's forward pre-hook (``distrib_optimizer.py`` ``step_with_ready_grads``:
       "asynchronous all-gathers that get overlapped with the next forward pass"); later
       micro-batches find the parameters gathered.
-    * FSDP's all-gathers run in every micro-batch's forward and backward: under all of it.
+    * FSDP's all-gathers run in every micro-batch's forward and backward: under all of it;
+      in its forward only where the gathered parameters are kept to backward
+      (``Framework.reshard_after_forward`` False), and in a pipeline, which keeps them to
+      the step's end then, in the first micro-batch's forward.
     Backward is taken as 2/3 of the compute (twice the forward's FLOPs)."""
     m = max(lever.micro_batches, 1)
     backward, forward = compute * 2 / 3, compute / 3
+    if kind == "all_gather" and dim == "fsdp":
+        if framework(lever.framework).reshard_after_forward:
+            return compute
+        return forward / m if pipelined else forward
     if kind == "all_gather":
-        return compute if dim == "fsdp" else forward / m
+        return forward / m
     once = dim == "dp" or not framework(lever.framework).reduce_every_micro_batch
     if kind in ("all_reduce", "reduce_scatter") and once:
         return backward / m
@@ -67,7 +75,7 @@ def exposed_s(layout, cluster, lever, costs, compute, busy, critical, by_kind) -
             t = by_kind[(dim, kind)]
             if (dim, kind) == ("fsdp", "all_gather"):
                 t -= critical.get(dim, 0.0) if runner.backward_prefetch == "post" else 0.0
-            each += max(0.0, t - hiding_window_s(dim, kind, lever, compute))
+            each += max(0.0, t - hiding_window_s(dim, kind, lever, compute, layout.pp > 1))
         exposed[dim] = critical.get(dim, 0.0) + max(each, late - shared,
                                                     late / max(calls, 1))
     return exposed

@@ -10,9 +10,9 @@
   published rate at the run's sequence length and head dimension (FlashAttention-2's, or
   cuDNN's under Transformer Engine: 27-33% and 48-53% of an H100's peak at 2k-8k tokens;
   ``GPU.attention_rates``).
-  Compute beside a hidden collective in a node runs ``OVERLAP_SLOWDOWN`` (18.9%) slower
-  (NCCL's kernels take SMs: ``hardware.py``). A pipeline's compute is its busiest stage's
-  (``step.step_flops``).
+  Compute beside a hidden collective runs ``OVERLAP_SLOWDOWN`` (18.9%) slower (NCCL's
+  kernels take SMs, in a node or over the network: ``hardware.py``). A pipeline's compute
+  is its busiest stage's (``step.step_flops``).
 * communication: each (mesh dimension, collective) costs calls x ring steps x alpha + what a
   rank sends on a ring / bandwidth (``labkit.runtime.costs.ring_share``), on the link its group
   uses: a group whose ranks sit in one node (tp is innermost, so tp groups do when tp <= GPUs per
@@ -214,9 +214,9 @@ def _time(model_config, layout, cluster, lever, costs) -> Projection:
     busy, links, critical, by_kind = _busy_s(layout, cluster, lever, costs)
     exposed = exposed_s(layout, cluster, lever, costs, compute, busy, critical, by_kind)
     if not cluster.gpu.measured:
-        # compute beside a hidden collective runs slower (NCCL's kernels take SMs): charged
-        # where it was measured, collectives among the GPUs of one node
-        hidden = sum(busy[d] - exposed[d] for d in busy if links[d] == "in-node")
+        # compute beside a hidden collective runs slower (NCCL's kernels take SMs), in a
+        # node or over the network (``hardware.OVERLAP_SLOWDOWN``)
+        hidden = sum(busy[d] - exposed[d] for d in busy)
         compute += OVERLAP_SLOWDOWN * min(hidden, compute)
     bubble = 0.0
     if layout.pipelined and layout.pp > 1:

@@ -24,9 +24,9 @@ ASSUMPTIONS = (
     "sequence length and head dimension (FlashAttention-2: Dao 2023, Figure 7; cuDNN's, "
     "Transformer Engine's on Hopper: Shah et al. 2024, Figures 5-6; H100 rows), else at the "
     "matmul rate",
-    "compute that a hidden collective among one node's GPUs overlaps runs 18.9% slower (NCCL "
-    "takes SMs: the mean measured in arXiv 2507.03114); none charged beside network "
-    "collectives (not measured there)",
+    "compute that a hidden collective overlaps runs 18.9% slower (NCCL takes SMs: the mean "
+    "measured in arXiv 2507.03114 among one node's GPUs; taken as the same beside network "
+    "collectives, whose NCCL kernels run on the SMs too)",
     "bandwidth-bound work (embedding lookups, the optimizer's passes over its state, counted on "
     "its ops) runs at the "
     "memory bandwidth",

@@ -266,12 +266,14 @@ def _llama3() -> list[Run]:
             Parallelism.of(fsdp=dp, tp=8, pp=16, schedule="interleaved_1f1b", dp_kind="fsdp"),
             "H100", 2048, 2048 // dp, COUNTED_TFLOPS, tflops,
             dict(selective_recompute=True, sequence_parallel=True, flash_attention=True,
-                 framework="megatron-core"),
+                 framework="llama3"),
             ("Llama 3 405B as GPT blocks (width 16384, 126 blocks: parameters within 1%)",
              "16M tokens per step: 2,048 sequences of 8,192", "micro-batch size 1",
              "interleaved 1F1B at 2 chunks per stage, the fewest interleaving takes (the "
              "paper interleaves, section 3.3.2, without saying how many chunks)",
              "selective recomputation and sequence parallelism (the paper does not say)",
+             "FSDP's model shards kept gathered from each micro-batch's forward to its "
+             "backward (section 3.3.2); kernels and overlap as Megatron-Core's (not said)",
              "TFLOP/s from labkit's counted model FLOPs (the paper gives no formula)")))
     return runs
 

@@ -11,9 +11,11 @@ scales them by the layout, each rule in one place:
 * Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
   sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
   activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
-  the parameters in forward and again in backward per micro-batch, a reduce-scatter of the
-  gradients (once a step, or after every micro-batch where the framework reduces so); pp: a
-  send of the activations forward and of their gradient backward per micro-batch.
+  the parameters in forward and again in backward per micro-batch (in forward only where the
+  framework keeps them gathered to backward, and then once a step in a pipeline), a
+  reduce-scatter of the gradients (once a step, or after every micro-batch where the
+  framework reduces so); pp: a send of the activations forward and of their gradient
+  backward per micro-batch.
 """
 
 from __future__ import annotations
@@ -146,12 +148,21 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
         # FSDP2 gathers each block in forward and again in backward, the root (embeddings,
         # head) once: it stays gathered from its forward to its backward
         units = _units(model_config, layout)
+        runner = framework(lever.framework)
+        gathers = 2 * units - 1
         blocks = _block_share(model_config, layout, local_params)
+        rounds = m  # micro-batches that gather the parameters
+        if not runner.reshard_after_forward:  # kept gathered to backward: once each
+            gathers, blocks = units, 0.0
+            # and past it in a pipeline: torch.distributed.pipelining does not reshard a
+            # stage's FSDP modules after a micro-batch's backward (its gradients wait for
+            # the last: PipelineStage.backward_maybe_with_nosync, perform_reduce_grad)
+            rounds = 1 if layout.pp > 1 else m
         gathered = (local_params + blocks) * compute_bytes(lever.precision)
         # reduced once a step (no_sync over the micro-batches), or after every micro-batch
-        reductions = m if framework(lever.framework).reduce_every_micro_batch else 1
+        reductions = m if runner.reduce_every_micro_batch else 1
         if layout.fsdp > 1:
-            out[("fsdp", "all_gather")] = ((2 * units - 1) * m, m * gathered)
+            out[("fsdp", "all_gather")] = (gathers * rounds, rounds * gathered)
             out[("fsdp", "reduce_scatter")] = (units * reductions, grads * reductions)
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
