@@ -83,15 +83,16 @@ def test_published_runs_projected_within_ten_percent_some_faster_some_slower(nb)
         row["error"] for row in rows.values())
 
 
-def test_the_table_is_weakest_on_the_smaller_h100_models_projected_faster():
-    # the prose: bench/published.py's largest errors are MPT's and Megatron-Core's smaller
-    # models on H100s, all projected faster than they ran
+def test_the_table_is_weakest_on_opt_and_the_smaller_h100_models_projected_faster():
+    # the prose: bench/published.py's largest errors are OPT-175B's (a peak, "up to") and
+    # MPT's and Megatron-Core's smaller models on H100s, each projected faster than it ran
     table = plan.published.compare()
-    # the four largest, 11-20%; the fifth, Megatron-LM's 76.1B on A100s, ties the fourth
+    # the four largest, 14-22%; the fifth, 11%
     worst = sorted(table, key=lambda row: -abs(row["error"]))[:4]
     assert all(row["error"] > 0 for row in worst), worst
-    assert all(row["run"].startswith(("mpt_", "mcore24_")) for row in worst), worst
-    assert all(plan.published.run(row["run"]).gpu == "H100" for row in worst)
+    assert worst[0]["run"] == "opt_175B" and "up to" in plan.published.run("opt_175B").source
+    assert all(row["run"].startswith(("mpt_", "mcore24_")) for row in worst[1:]), worst
+    assert all(plan.published.run(row["run"]).gpu == "H100" for row in worst[1:])
 
 
 def test_a_group_stays_in_the_node_while_it_and_the_dimensions_inside_it_fit_in_one(nb):

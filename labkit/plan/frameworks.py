@@ -46,6 +46,10 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   micro-batch (FSDP2's ``reshard_after_forward=False``; Llama 3's FSDP, Dubey et al. 2024,
   section 3.3.2: "for model shards we do not reshard after forward computation to avoid an
   extra all-gather communication during backward passes").
+* ``distribute_checkpoints``: whether, under activation checkpointing, each tp rank keeps
+  1/tp of a block's checkpointed input and all-gathers it before recomputing the block in
+  backward (Megatron's and metaseq's ``--distribute-checkpointed-activations``), or keeps the
+  whole input.
 * ``state_recipe``: the ``labkit.costs.model_state_bytes`` row the framework's mixed precision
   keeps (torch FSDP2/DDP over fp32 parameters: "fp32-master"; Megatron: bf16 weights, fp32
   main gradients, fp32 master weights and moments: "megatron").
@@ -95,6 +99,7 @@ class Framework:
     reduce_every_micro_batch: bool = False
     param_gather: bool = False
     reshard_after_forward: bool = True
+    distribute_checkpoints: bool = False
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -150,6 +155,21 @@ FRAMEWORKS["llama3"] = dataclasses.replace(
     source="Llama 3's 4D parallelism (Dubey et al. 2024, section 3.3.2): FSDP sharding "
            "optimizer states and gradients, model shards not resharded after forward; "
            "the rest (not published) as Megatron-Core's row: " + FRAMEWORKS["megatron-core"].source)
+
+# metaseq, the code OPT-175B trained with: the flags of its launcher
+# (metaseq/launcher/opt_baselines.py at 08c2274: --ddp-backend fully_sharded
+# --no-reshard-after-forward, --memory-efficient-fp16, --checkpoint-activations
+# --distribute-checkpointed-activations, --model-parallel-size, vocab_parallel_cross_entropy,
+# --dropout 0.1 --attention-dropout 0.1): fairscale's FSDP beside Megatron's tensor
+# parallelism, whose collectives run on the critical path.
+FRAMEWORKS["metaseq"] = Framework(
+    "metaseq", True, _torch_ddp_bucket, False, False, True, "fp16-no-master",
+    "metaseq (OPT-175B): fairscale FSDP with --no-reshard-after-forward, Megatron tensor "
+    "parallelism (synchronous, vocabulary-parallel embedding and cross entropy), "
+    "--memory-efficient-fp16 (fp16 weights and gradients, fp32 Adam moments, no master copy), "
+    "--distribute-checkpointed-activations, attention dropout 0.1 on the math path "
+    "(metaseq/launcher/opt_baselines.py)", attention_dropout=True,
+    reshard_after_forward=False, distribute_checkpoints=True)
 
 
 def framework(name: str) -> Framework:

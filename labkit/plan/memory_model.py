@@ -74,6 +74,8 @@ def _activation_blocks(model_config, layout: Parallelism, lever: Lever,
     if lever.sequence_parallel and layout.tp > 1:
         saved -= blocks.full_width_bytes * (1 - 1 / layout.tp)
         inputs /= layout.tp
+    elif framework(lever.framework).distribute_checkpoints and layout.tp > 1:
+        inputs /= layout.tp  # each tp rank keeps its slice of a checkpointed input
     return blocks, saved, inputs
 
 

@@ -28,6 +28,11 @@ TITAN = ("torchtitan docs/performance.md (2024-12, Grand Teton: H100 96GB HBM2e 
 LLAMA3 = "Dubey et al. 2024, 'The Llama 3 Herd of Models', Table 4"
 MCORE = ("NVIDIA/Megatron-LM README.md, 'Training Speed and Scalability' and its table "
          "images/model_table.png (commit f2e5db402c, 2024-07-15: weak scaling, H100 GPUs)")
+OPT = ("Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', section 2.4 "
+       "and Table 1 (992 A100 80GB: 'utilization of up to 147 TFLOP/s per GPU'); the recipe "
+       "from metaseq's launcher (metaseq/launcher/opt_baselines.py, opt_job_constants.py at "
+       "08c2274) and the 175B logbook notes (projects/OPT/chronicles/10_percent_update.md: "
+       "'8x Tensor Parallelism')")
 FOUNDRY = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
            "(MPT models, Composer FSDP FULL_SHARD, amp_bf16)")
 
@@ -157,6 +162,31 @@ def _bloom() -> Run:
         cluster=dict(network_gbps=4 * 100 / 8))
 
 
+def _opt() -> Run:
+    model = dataclasses.replace(gpt(12288, 96, 96, vocab=50272), tie_embeddings=True)
+    return Run(
+        "opt_175B", OPT, model, Parallelism.of(fsdp=124, tp=8, dp_kind="fsdp"), "A100-80GB",
+        992, 1, MEGATRON_TFLOPS, 147.0,
+        dict(activation_checkpointing=True, flash_attention=False, framework="metaseq",
+             precision="fp16"),
+        ("GPT blocks, 96 layers of width 12,288 and 96 heads (Table 1), sequence 2,048, the "
+         "GPT-2 BPE's 50,272 tokens (the released models' vocabulary), embeddings tied "
+         "(--share-decoder-input-output-embed), learned positions, LayerNorm and biases; "
+         "ReLU for GeLU (the same FLOPs to speak of)",
+         "tensor parallelism 8 inside each node, FSDP over the 124 nodes (992 GPUs)",
+         "batch '2M' tokens as the launcher splits it: 2 x 2^20 // 124 ranks // 2,048 = 8 "
+         "sequences a data-parallel rank (992 in all), --update-freq 1: one micro-batch",
+         "the launcher's flags taken for the 175B run (the script at that commit carries "
+         "smaller baselines' batch sizes; its flags are the run's recipe): "
+         "--memory-efficient-fp16, fully-sharded data parallel without resharding after "
+         "forward, full activation checkpointing distributed over the tp ranks, dropout and "
+         "attention dropout 0.1, no fused attention (2021)",
+         "fairscale's FSDP reduce-scatter charged in fp32 (its fp32_reduce_scatter default is "
+         "off, which would halve those bytes; they hide under backward either way)",
+         "the figure is a peak ('up to'), in no stated formula: Megatron's with recomputation "
+         "counted, as for BLOOM"))
+
+
 def _torchtitan() -> list[Run]:
     model = LLAMA3_8B  # Llama 3.1 8B has Llama 3 8B's shape (8.03B parameters)
     proxy = ("Llama 3.1 8B as labkit.models.LLAMA3_8B (SwiGLU, 8 key/value heads, RMSNorm, "
@@ -278,7 +308,7 @@ def _llama3() -> list[Run]:
     return runs
 
 
-RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom()] + _torchtitan()
+RUNS: tuple[Run, ...] = tuple(_narayanan() + _korthikanti() + [_bloom(), _opt()] + _torchtitan()
                               + _megatron_core() + _foundry() + _llama3())
 
 

@@ -10,12 +10,13 @@ scales them by the layout, each rule in one place:
 * Memory per rank: ``memory_model.py``; memory-bound traffic: ``traffic.py``.
 * Collectives (bytes of the tensor each works on; ``labkit.costs.ring_share`` gives what a rank
   sends): tp: one AllReduce per column/row pair forward and one backward, of a micro-batch's
-  activations; dp: an AllReduce of the gradients (DDP, once per step); fsdp: an all-gather of
-  the parameters in forward and again in backward per micro-batch (in forward only where the
-  framework keeps them gathered to backward, and then once a step in a pipeline), a
-  reduce-scatter of the gradients (once a step, or after every micro-batch where the
-  framework reduces so); pp: a send of the activations forward and of their gradient
-  backward per micro-batch.
+  activations (and, where checkpointed inputs are distributed over tp, an all-gather of each
+  block's input before its recomputation); dp: an AllReduce of the gradients (DDP, once per
+  step); fsdp: an all-gather of the parameters in forward and again in backward per
+  micro-batch (in forward only where the framework keeps them gathered to backward, and then
+  once a step in a pipeline), a reduce-scatter of the gradients (once a step, or after every
+  micro-batch where the framework reduces so); pp: a send of the activations forward and of
+  their gradient backward per micro-batch.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
     tokens = micro * _tokens_per_sample(model_config) // layout.cp  # cp: a rank's chunks
     if layout.tp > 1:
         out[("tp", "all_reduce")] = _tp_comm(model_config, layout, lever, tokens)
+        if (lever.activation_checkpointing and is_decoder(model_config)
+                and not lever.sequence_parallel
+                and framework(lever.framework).distribute_checkpoints):
+            # each block's checkpointed input, kept 1/tp a rank, gathered to recompute it
+            blocks = math.ceil(model_config.n_layers / layout.pp) * m
+            out[("tp", "all_gather")] = (blocks, blocks * tokens * model_config.d_model
+                                         * compute_bytes(lever.precision))
     if layout.pp > 1:
         out[("pp", "send")] = _pp_comm(model_config, layout, lever, tokens)
     grads = local_params * (4 if lever.precision != "bf16" else 2)

@@ -88,13 +88,17 @@ def training_bytes(weight_bytes: float, optimizer: str) -> float:
 #   6 + 12/d with the distributed optimizer over d ranks).
 # * "fp32": plain fp32 Adam (K = 2 x 4); "bf16": weights, gradients and moments all bf16 (no
 #   master copy): 2 + 2 + 4, labkit's precision="bf16".
+# * "fp16-no-master": fairseq's and metaseq's --memory-efficient-fp16: fp16 weights and
+#   gradients, Adam's moments in fp32, no fp32 master copy (OPT: "We keep Adam state in FP32
+#   ... while the model weights remained in FP16", Zhang et al. 2022, section 2.4): 2 + 2 + 8.
 _FP32, _BF16 = 4, 2
 _ADAM = OPTIMIZER_STATE_COPIES["adam"]
 _STATE_BYTES = {"mixed": (2, 2, _FP32 + _ADAM * _FP32),
                 "fp32": (_FP32, _FP32, _ADAM * _FP32),
                 "fp32-master": (_FP32, _FP32, _ADAM * _FP32),
                 "megatron": (_BF16, _FP32, _FP32 + _ADAM * _FP32),
-                "bf16": (_BF16, _BF16, _ADAM * _BF16)}
+                "bf16": (_BF16, _BF16, _ADAM * _BF16),
+                "fp16-no-master": (_BF16, _BF16, _ADAM * _FP32)}
 
 
 def model_state_bytes(n_params: float, world_size: int = 1, zero_stage: int = 0,
