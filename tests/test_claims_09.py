@@ -84,13 +84,13 @@ def test_published_runs_projected_within_ten_percent_some_faster_some_slower(nb)
 
 
 def test_the_table_is_weakest_on_opt_and_the_smaller_h100_models_projected_faster():
-    # the prose: bench/published.py's largest errors are OPT-175B's (a peak, "up to") and
-    # MPT's and Megatron-Core's smaller models on H100s, each projected faster than it ran
+    # the prose: bench/published.py's largest errors are OPT-175B's (on A100s) and MPT's
+    # and Megatron-Core's smaller models on H100s, each projected faster than it ran
     table = plan.published.compare()
-    # the four largest, 14-22%; the fifth, 11%
+    # the four largest, 14-23%; the fifth, 11%
     worst = sorted(table, key=lambda row: -abs(row["error"]))[:4]
     assert all(row["error"] > 0 for row in worst), worst
-    assert worst[0]["run"] == "opt_175B" and "up to" in plan.published.run("opt_175B").source
+    assert worst[0]["run"] == "opt_175B" and plan.published.run("opt_175B").gpu == "A100-80GB"
     assert all(row["run"].startswith(("mpt_", "mcore24_")) for row in worst[1:]), worst
     assert all(plan.published.run(row["run"]).gpu == "H100" for row in worst[1:])
 
@@ -107,7 +107,8 @@ def test_a_group_stays_in_the_node_while_it_and_the_dimensions_inside_it_fit_in_
             fits = span <= GPUS_PER_NODE and GPUS_PER_NODE % span == 0
             assert link == ("in-node" if fits else "network"), (name, dim, row["layout"])
     links = {name: row["links"] for name, row in nb.results["decoders"].items()}
-    assert links["7B on 1 node(s)"] == {"fsdp": "in-node"}  # on one node every group does
+    one_node = links["7B on 1 node(s)"]  # "on one node every group does"
+    assert one_node and set(one_node.values()) == {"in-node"}, one_node
     # "an fsdp group that spans several nodes crosses the network" (the planner picks such a
     # layout for one of the decoders; the rule above checks every one)
     assert any(link.get("fsdp") == "network" for link in links.values()), links

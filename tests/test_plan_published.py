@@ -15,7 +15,7 @@ from labkit.models import GPTConfig
 from labkit.plan.frameworks import FRAMEWORKS
 from labkit.plan.hardware import GPUS, NIC_EFFICIENCY
 from labkit.plan.parallelism import Parallelism
-from labkit.plan.step import gradient_buckets
+from labkit.plan.step import Lever, gradient_buckets
 from labkit.runtime.costs import model_state_bytes
 from labkit.training.layout import Layout
 
@@ -304,6 +304,83 @@ def test_shards_kept_gathered_to_backward_are_gathered_once_and_held():
     calls, nbytes = once.costs.comm[("fsdp", "all_gather")]
     assert calls == model.n_layers // 2 + 1 and nbytes == pytest.approx(
         once.costs.memory["other"])
+
+
+def test_a_pipeline_keeps_its_fsdp_stage_gathered_as_torchs_schedules_do():
+    # torch.distributed.pipelining does not reshard a stage's FSDP modules after a
+    # micro-batch's backward (backward_maybe_with_nosync) and reduce-scatters once, after the
+    # last (perform_reduce_grad): a forward after a backward finds its blocks gathered
+    from labkit.plan.overlap import hiding_window_s
+    from labkit.plan.step import Lever, fsdp_gathers, local_params
+
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    m, blocks = 8, model.n_layers // 2
+    for schedule, rounds in (("1f1b", m + 2), ("gpipe", m + 1)):  # warm-up forwards: pp, 1
+        layout = Parallelism.of(fsdp=8, pp=2, schedule=schedule, dp_kind="fsdp")
+        local = local_params(model, layout)
+        calls, nbytes = fsdp_gathers(model, layout, Lever(64, m), local)
+        assert calls == blocks * rounds + 1  # the root once a step
+        assert nbytes < m * 2 * local * 2  # fewer than two gathers a micro-batch
+    # torchtitan keeps a pipelined stage gathered from the first forward (its PP default)
+    layout = Parallelism.of(fsdp=8, pp=2, schedule="1f1b", dp_kind="fsdp")
+    local = local_params(model, layout, "torchtitan")
+    assert fsdp_gathers(model, layout, Lever(64, m, framework="torchtitan"), local) == (
+        blocks + 1, pytest.approx(2 * local))
+    assert fsdp_gathers(model, Parallelism.of(fsdp=8, dp_kind="fsdp"),
+                        Lever(64, m, framework="torchtitan"),
+                        local_params(model, Parallelism.of(fsdp=8), "torchtitan"))[0] == (
+        2 * (model.n_layers + 1) - 1) * m  # without a pipeline: resharded, as before
+    lever = Lever(64, m, framework="torchtitan")
+    assert hiding_window_s("fsdp", "all_gather", lever, 1.0, pipelined=True) == pytest.approx(
+        1 / 3 / m)
+    assert hiding_window_s("fsdp", "reduce_scatter", lever, 1.0, pipelined=True) == 0.0
+    p = plan.project(model, layout, plan.GPUCluster("H100", nodes=2), global_batch=64,
+                     micro_batches=m, framework="torchtitan")
+    from labkit.plan.project import _busy_s
+
+    by_kind = _busy_s(layout, p.cluster, p.lever, p.costs)[3]
+    assert p.exposed_s["fsdp"] >= by_kind[("fsdp", "reduce_scatter")]  # after the last B
+    # the stage stays gathered, and its unsharded fp32 gradients wait for the reduction
+    assert p.costs.memory["other"] == pytest.approx(2 * local)
+    assert p.costs.memory["gradients"] == pytest.approx(4 * local / 8 + 4 * local)
+
+
+def test_gradient_accumulation_under_fsdp_holds_the_unsharded_gradients():
+    # FSDP2 under set_requires_gradient_sync(False) accumulates each parameter's unsharded
+    # gradient in its reduce dtype (FSDPParam.unsharded_accumulated_grad) until the last
+    # micro-batch; Composer, which reduces after every micro-batch, holds none
+    from labkit.plan.step import local_params
+
+    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.GPUCluster("H100")
+    local = local_params(model, layout)
+    for name, m, held in (("labkit", 1, 0.0), ("labkit", 4, 4 * local), ("composer", 4, 0.0)):
+        p = plan.project(model, layout, cluster, global_batch=32, micro_batches=m,
+                         framework=name)
+        assert p.costs.memory["gradients"] == pytest.approx(4 * local / 8 + held), name
+
+
+def test_reentrant_checkpoints_rerun_every_tp_all_reduce_and_fp16_reductions_halve():
+    # Megatron's and metaseq's CheckpointFunction (an autograd.Function) reruns a block's
+    # whole forward in backward: its k row AllReduces, where torch's non-reentrant
+    # checkpoint stops before the last; metaseq reduce-scatters fp16 gradients
+    from labkit.plan.step import step_comm
+
+    model, layout = MEGATRON_22B, Parallelism.of(tp=8, fsdp=2, dp_kind="fsdp")
+    calls = {}
+    for name in ("labkit", "megatron-2021"):
+        lever = Lever(8, 1, "fp16", True, framework=name, flash_attention=False)
+        calls[name] = step_comm(model, layout, lever, 1e9)[("tp", "all_reduce")][0]
+    assert calls["megatron-2021"] - calls["labkit"] == model.n_layers  # the last row layer's
+    grads = {name: step_comm(model, layout, Lever(8, 1, "fp16", framework=name), 1e9)[
+        ("fsdp", "reduce_scatter")][1] for name in ("labkit", "metaseq")}
+    assert grads == {"labkit": 4e9, "metaseq": 2e9}
+
+
+def test_a_framework_without_pipelines_refuses_pp():
+    with pytest.raises(plan.PlanError, match="metaseq framework has no pipeline"):
+        plan.project(MEGATRON_22B, Parallelism.of(pp=2, tp=4, schedule="1f1b"), A100_NODE,
+                     global_batch=8, micro_batches=4, framework="metaseq")
 
 
 def test_plain_pytorch_fsdp_runs_are_projected_faster_than_published():

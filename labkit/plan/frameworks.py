@@ -46,6 +46,19 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   micro-batch (FSDP2's ``reshard_after_forward=False``; Llama 3's FSDP, Dubey et al. 2024,
   section 3.3.2: "for model shards we do not reshard after forward computation to avoid an
   extra all-gather communication during backward passes").
+* ``pp_reshard_after_forward``: the same choice in a pipeline, where a framework may set it
+  apart (torchtitan: "For PP, by default do not reshard after forward to avoid
+  per-microbatch all-gathers", ``torchtitan/distributed/fsdp.py``
+  ``get_fsdp_reshard_after_forward_policy`` at b5bcd76c6); None: as ``reshard_after_forward``.
+* ``reduce_in_compute_dtype``: whether the gradients travel in the compute dtype (fp16/bf16)
+  under mixed precision, or in fp32 (torch FSDP2's fp32 ``reduce_dtype``, Megatron's fp32
+  main gradients); fairscale's FSDP as metaseq runs it reduces fp16 gradients
+  (``fp32_reduce_scatter`` off by default: metaseq/dataclass/configs.py).
+* ``reentrant_checkpoint``: whether activation checkpointing reruns each block's whole
+  forward in backward, its tp collectives with it (Megatron's and metaseq's
+  ``CheckpointFunction``, an ``autograd.Function``), or stops once backward has what it
+  needs (torch.utils.checkpoint, non-reentrant: the last row layer's AllReduce is not rerun).
+* ``pipelines``: whether the framework has pipeline parallelism at all (metaseq has none).
 * ``distribute_checkpoints``: whether, under activation checkpointing, each tp rank keeps
   1/tp of a block's checkpointed input and all-gathers it before recomputing the block in
   backward (Megatron's and metaseq's ``--distribute-checkpointed-activations``), or keeps the
@@ -100,6 +113,16 @@ class Framework:
     param_gather: bool = False
     reshard_after_forward: bool = True
     distribute_checkpoints: bool = False
+    pp_reshard_after_forward: bool | None = None
+    reduce_in_compute_dtype: bool = False
+    reentrant_checkpoint: bool = False
+    pipelines: bool = True
+
+    def reshards_after_forward(self, pipelined: bool) -> bool:
+        """``reshard_after_forward``, or in a pipeline ``pp_reshard_after_forward``."""
+        if pipelined and self.pp_reshard_after_forward is not None:
+            return self.pp_reshard_after_forward
+        return self.reshard_after_forward
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -113,7 +136,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "embeddings and output, async TP off by default, attention through SDPA's "
               "flash backend (FlashAttention-2); its Llama (models/llama/model.py, 2024-12) "
               "repeats keys and values for each query group before SDPA (repeat_kv) and "
-              "computes RMSNorm in eager ops (norm_type 'rmsnorm')", fused_saves=False),
+              "computes RMSNorm in eager ops (norm_type 'rmsnorm'); in a pipeline no block "
+              "resharded after forward (get_fsdp_reshard_after_forward_policy)",
+              fused_saves=False, pp_reshard_after_forward=False),
     Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
               "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
               "(parameters gathered in forward and again in backward), mixed_precision "
@@ -130,12 +155,17 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "
               "scatter/gather pipeline sends (section 4.1); attention and hidden dropout 0.1 "
-              "(the GPT defaults of megatron/arguments.py)", attention_dropout=True),
+              "(the GPT defaults of megatron/arguments.py); checkpointing by its reentrant "
+              "CheckpointFunction (megatron/mpu/random.py)", attention_dropout=True,
+              reentrant_checkpoint=True),
     Framework("megatron-deepspeed", False, _one_buffer, False, False, True, "megatron",
               "Megatron-DeepSpeed (BLOOM): Megatron's tensor parallelism and attention "
               "dropout, DeepSpeed's pipeline engine (whole activations sent, gradients "
               "reduced after the last micro-batch) and ZeRO-1 over bf16 weights with fp32 "
-              "gradient accumulation", attention_dropout=True),
+              "gradient accumulation; activation checkpointing by DeepSpeed's "
+              "CheckpointFunction, an autograd.Function (deepspeed/runtime/"
+              "activation_checkpointing/checkpointing.py)",
+              attention_dropout=True, reentrant_checkpoint=True),
     Framework("megatron-core", True, _megatron_core_bucket, True, True, True, "megatron",
               "Megatron-Core: --overlap-grad-reduce with buckets of max(40M, 1M x dp) "
               "parameters, --tp-comm-overlap, distributed optimizer (docs/source/api-guide/"
@@ -144,7 +174,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "transformer_engine/pytorch/attention.py, 'Select FusedAttention on sm90'); "
               "bf16 gradients reduced in fp32 (megatron/training/arguments.py sets "
               "accumulate_allreduce_grads_in_fp32 "
-              "under --bf16)", attention_kernel="fused", param_gather=True),
+              "under --bf16); full recomputation by the reentrant CheckpointFunction "
+              "(megatron/core/tensor_parallel/random.py)", attention_kernel="fused",
+              param_gather=True, reentrant_checkpoint=True),
 )}
 # Meta's stack for Llama 3 (Dubey et al. 2024, section 3.3.2): 4D parallelism with FSDP over
 # the data-parallel ranks, its model shards kept gathered from forward to backward. What the
@@ -157,7 +189,7 @@ FRAMEWORKS["llama3"] = dataclasses.replace(
            "the rest (not published) as Megatron-Core's row: " + FRAMEWORKS["megatron-core"].source)
 
 # metaseq, the code OPT-175B trained with: the flags of its launcher
-# (metaseq/launcher/opt_baselines.py at 08c2274: --ddp-backend fully_sharded
+# (metaseq/launcher/opt_baselines.py at f7ffa5f: --ddp-backend fully_sharded
 # --no-reshard-after-forward, --memory-efficient-fp16, --checkpoint-activations
 # --distribute-checkpointed-activations, --model-parallel-size, vocab_parallel_cross_entropy,
 # --dropout 0.1 --attention-dropout 0.1): fairscale's FSDP beside Megatron's tensor
@@ -168,8 +200,12 @@ FRAMEWORKS["metaseq"] = Framework(
     "parallelism (synchronous, vocabulary-parallel embedding and cross entropy), "
     "--memory-efficient-fp16 (fp16 weights and gradients, fp32 Adam moments, no master copy), "
     "--distribute-checkpointed-activations, attention dropout 0.1 on the math path "
-    "(metaseq/launcher/opt_baselines.py)", attention_dropout=True,
-    reshard_after_forward=False, distribute_checkpoints=True)
+    "(metaseq/launcher/opt_baselines.py); fp16 gradients reduce-scattered (fp32_reduce_scatter "
+    "off: metaseq/dataclass/configs.py); its reentrant CheckpointFunction "
+    "(metaseq/modules/checkpoint_activation_wrapper/checkpoint_activations.py); no pipeline "
+    "parallelism", attention_dropout=True, reshard_after_forward=False,
+    distribute_checkpoints=True, reduce_in_compute_dtype=True, reentrant_checkpoint=True,
+    pipelines=False)
 
 
 def framework(name: str) -> Framework:

@@ -11,7 +11,9 @@ and the parameters one rank holds.
   seq x seq scores; sequence parallelism splits the d_model-wide tensors over tp
   (Korthikanti et al. 2022); torchtitan's op policy keeps every second matmul's output.
 * FSDP's two gathered blocks (all of a rank's, where the framework keeps them gathered from
-  forward to backward).
+  forward to backward, and in a pipeline, whose stages stay gathered to the step's end); and
+  where the gradients are reduced once a step over several micro-batches, the unsharded
+  gradients FSDP accumulates until then.
 """
 
 from __future__ import annotations
@@ -121,11 +123,23 @@ def decoder_memory(model_config, layout: Parallelism, lever: Lever, measured: bo
         per_sample = max(first, last + rest) + recompute
     activations = per_sample * width * micro / layout.cp  # cp: 2 of 2cp chunks a sequence
     other = 0.0
-    if stage == 3 and shards > 1 and not framework(lever.framework).reshard_after_forward:
-        other += local * compute_bytes(lever.precision)  # every unit gathered to backward
+    runner = framework(lever.framework)
+    pipelined = layout.pp > 1
+    if stage == 3 and shards > 1 and (pipelined or not runner.reshards_after_forward(False)):
+        # every unit gathered: kept to backward, or in a pipeline past it (torch's stages
+        # reshard only after the last micro-batch: step.fsdp_gathers)
+        other += local * compute_bytes(lever.precision)
     elif stage == 3 and shards > 1:  # FSDP2 gathers a block and prefetches the next
         other += 2 * blocks.params * compute_bytes(lever.precision)
-    return {"parameters": state["parameters"], "gradients": state["gradients"],
+    gradients = state["gradients"]
+    if (stage == 3 and shards > 1 and not runner.reduce_every_micro_batch
+            and (pipelined or lever.micro_batches > 1)):
+        # reduced once a step: FSDP2 keeps the unsharded gradients, in the dtype they are
+        # reduced in, until the last micro-batch (set_requires_gradient_sync(False):
+        # FSDPParam.unsharded_accumulated_grad, in reduce_dtype), beside the sharded ones
+        low = lever.precision == "bf16" or runner.reduce_in_compute_dtype
+        gradients += local * (compute_bytes(lever.precision) if low else 4)
+    return {"parameters": state["parameters"], "gradients": gradients,
             "optimizer": state["optimizer"], "activations": activations, "other": other}
 
 

@@ -39,9 +39,11 @@ ASSUMPTIONS = (
     "DDP and FSDP communication hides behind backward (and forward) as far as it fits, where "
     "the framework overlaps it: a gradient reduction done once a step under the last "
     "micro-batch's backward only, the distributed optimizer's parameter gather under the "
-    "first micro-batch's forward, FSDP's gathers under every micro-batch; tp hides only under "
-    "Megatron-Core's overlap; pipeline sends are exposed; on this machine nothing hides (a "
-    "CPU rank's collectives share its one core)",
+    "first micro-batch's forward, FSDP's gathers under every micro-batch (under its forwards "
+    "where the framework keeps them to backward; in a pipeline, whose stages stay gathered "
+    "to the step's end, then under the first forward, and the reduce-scatter after the last "
+    "backward, exposed); tp hides only under Megatron-Core's overlap; pipeline sends are "
+    "exposed; on this machine nothing hides (a CPU rank's collectives share its one core)",
     "a pipeline idles (p-1)/v micro-batch times per step",
     "on this machine only: tp's DTensor dispatch and FSDP2's hooks add a measured cost per "
     "parameter tensor (labkit.plan.engines); on GPUs taken as hidden (0)",

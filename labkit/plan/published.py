@@ -31,8 +31,8 @@ MCORE = ("NVIDIA/Megatron-LM README.md, 'Training Speed and Scalability' and its
 OPT = ("Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', section 2.4 "
        "and Table 1 (992 A100 80GB: 'utilization of up to 147 TFLOP/s per GPU'); the recipe "
        "from metaseq's launcher (metaseq/launcher/opt_baselines.py, opt_job_constants.py at "
-       "08c2274) and the 175B logbook notes (projects/OPT/chronicles/10_percent_update.md: "
-       "'8x Tensor Parallelism')")
+       "f7ffa5f) and the 175B logbook notes (projects/OPT/chronicles/10_percent_update.md: "
+       "'8x Tensor Parallelism', 'Batch-size of 2M')")
 FOUNDRY = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
            "(MPT models, Composer FSDP FULL_SHARD, amp_bf16)")
 
@@ -169,22 +169,25 @@ def _opt() -> Run:
         992, 1, MEGATRON_TFLOPS, 147.0,
         dict(activation_checkpointing=True, flash_attention=False, framework="metaseq",
              precision="fp16"),
-        ("GPT blocks, 96 layers of width 12,288 and 96 heads (Table 1), sequence 2,048, the "
-         "GPT-2 BPE's 50,272 tokens (the released models' vocabulary), embeddings tied "
+        ("GPT blocks, 96 layers of width 12,288 and 96 heads (Table 1), sequence 2,048, "
+         "vocabulary 50,272 (the released checkpoints': GPT-2's 50,257 BPE tokens and "
+         "metaseq's specials, padded to a multiple of 8), embeddings tied "
          "(--share-decoder-input-output-embed), learned positions, LayerNorm and biases; "
          "ReLU for GeLU (the same FLOPs to speak of)",
          "tensor parallelism 8 inside each node, FSDP over the 124 nodes (992 GPUs)",
-         "batch '2M' tokens as the launcher splits it: 2 x 2^20 // 124 ranks // 2,048 = 8 "
-         "sequences a data-parallel rank (992 in all), --update-freq 1: one micro-batch",
-         "the launcher's flags taken for the 175B run (the script at that commit carries "
-         "smaller baselines' batch sizes; its flags are the run's recipe): "
-         "--memory-efficient-fp16, fully-sharded data parallel without resharding after "
-         "forward, full activation checkpointing distributed over the tp ranks, dropout and "
-         "attention dropout 0.1, no fused attention (2021)",
-         "fairscale's FSDP reduce-scatter charged in fp32 (its fp32_reduce_scatter default is "
-         "off, which would halve those bytes; they hide under backward either way)",
-         "the figure is a peak ('up to'), in no stated formula: Megatron's with recomputation "
-         "counted, as for BLOOM"))
+         "batch 2M tokens as the launcher splits it (opt_job_constants.py: 175b at 2.0 x "
+         "2^20 tokens): 2^21 // 124 ranks // 2,048 = 8 sequences a data-parallel rank, 992 "
+         "in all, --update-freq 1: one micro-batch",
+         "the launcher's flags taken for the 175B run: --memory-efficient-fp16, "
+         "fully-sharded data parallel without resharding after forward, full activation "
+         "checkpointing distributed over the tp ranks, dropout and attention dropout 0.1, no "
+         "fused attention (2021)",
+         "the network: 200 Gb/s HDR InfiniBand per GPU, as on Azure's ND A100 v4 (metaseq's "
+         "data lives on Azure, DATA_LOCATIONS; the paper does not name the cluster)",
+         "the figure's formula is not stated: Megatron's with recomputation counted; the "
+         "logbook's final note agrees with it (~4.30E+23 FLOPs, about 33 days on 1,024 "
+         "A100s: 147 TFLOP/s per GPU, the rate the schedule was planned at)"),
+        cluster=dict(network_gbps=200))
 
 
 def _torchtitan() -> list[Run]:
@@ -303,7 +306,10 @@ def _llama3() -> list[Run]:
              "paper interleaves, section 3.3.2, without saying how many chunks)",
              "selective recomputation and sequence parallelism (the paper does not say)",
              "FSDP's model shards kept gathered from each micro-batch's forward to its "
-             "backward (section 3.3.2); kernels and overlap as Megatron-Core's (not said)",
+             "backward (section 3.3.2), and pipelined as torch.distributed.pipelining runs "
+             "FSDP stages (the paper does not say): a stage gathered once a step and kept to "
+             "its end, its gradients held unsharded and reduce-scattered after the last "
+             "backward; kernels and overlap as Megatron-Core's (not said)",
              "TFLOP/s from labkit's counted model FLOPs (the paper gives no formula)")))
     return runs
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from labkit.models import DLRMConfig, GPTConfig, MLPConfig, plan_for
+from labkit.plan.frameworks import framework
 from labkit.plan.parallelism import Parallelism
 from labkit.runtime.costs import OPTIMIZER_STATE_COPIES
 
@@ -85,6 +86,9 @@ def check_layout(model_config, layout: Parallelism, cluster, lever) -> None:
             plan_for(model_config).check_tp(model_config, layout.tp)
         except ValueError as error:
             raise PlanError(str(error)) from None
+    if layout.pp > 1 and not framework(lever.framework).pipelines:
+        raise PlanError(f"the {lever.framework} framework has no pipeline parallelism: "
+                        "choose pp=1, or a framework that pipelines")
     _check_batch(layout, lever)
     _check_cp_ep(model_config, layout)
     if layout.pipelined:

@@ -139,7 +139,10 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
                                          * compute_bytes(lever.precision))
     if layout.pp > 1:
         out[("pp", "send")] = _pp_comm(model_config, layout, lever, tokens)
-    grads = local_params * (4 if lever.precision != "bf16" else 2)
+    # gradients travel in fp32 under mixed precision, unless the framework reduces them in
+    # the compute dtype (Framework.reduce_in_compute_dtype)
+    low = lever.precision == "bf16" or framework(lever.framework).reduce_in_compute_dtype
+    grads = local_params * (compute_bytes(lever.precision) if low else 4)
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
         out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
@@ -153,24 +156,13 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
         out.update(table_comm(model_config, layout, lever))
         return out
     if engine == "fsdp":
-        # FSDP2 gathers each block in forward and again in backward, the root (embeddings,
-        # head) once: it stays gathered from its forward to its backward
         units = _units(model_config, layout)
         runner = framework(lever.framework)
-        gathers = 2 * units - 1
-        blocks = _block_share(model_config, layout, local_params)
-        rounds = m  # micro-batches that gather the parameters
-        if not runner.reshard_after_forward:  # kept gathered to backward: once each
-            gathers, blocks = units, 0.0
-            # and past it in a pipeline: torch.distributed.pipelining does not reshard a
-            # stage's FSDP modules after a micro-batch's backward (its gradients wait for
-            # the last: PipelineStage.backward_maybe_with_nosync, perform_reduce_grad)
-            rounds = 1 if layout.pp > 1 else m
-        gathered = (local_params + blocks) * compute_bytes(lever.precision)
         # reduced once a step (no_sync over the micro-batches), or after every micro-batch
         reductions = m if runner.reduce_every_micro_batch else 1
         if layout.fsdp > 1:
-            out[("fsdp", "all_gather")] = (gathers * rounds, rounds * gathered)
+            out[("fsdp", "all_gather")] = fsdp_gathers(model_config, layout, lever,
+                                                       local_params)
             out[("fsdp", "reduce_scatter")] = (units * reductions, grads * reductions)
         if layout.dp > 1:
             out[("dp", "all_reduce")] = (units, grads / layout.fsdp)
@@ -187,6 +179,43 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
     return out
 
 
+def fsdp_gathers(model_config, layout: Parallelism, lever: Lever,
+                 local_params: float) -> tuple[int, float]:
+    """(calls, bytes) of FSDP's all-gathers in a step on one rank.
+
+    FSDP2 gathers each block in forward and again in backward per micro-batch, the root
+    (embeddings, head) once, which stays gathered from its forward to its backward; a
+    framework that keeps the blocks gathered to backward (``Framework.reshards_after_forward``
+    False) gathers each unit once per micro-batch. In a pipeline, torch.distributed.pipelining does
+    not reshard a stage's FSDP modules after a micro-batch's backward (they wait, gathered,
+    for the reduction after the last: ``PipelineStage.backward_maybe_with_nosync``,
+    ``perform_reduce_grad``): a forward that follows a backward finds its units gathered.
+    Then a block is gathered once a step where it is kept to backward, and otherwise by each
+    backward and by each warm-up forward, the forwards that precede the first backward (1F1B:
+    min(m, pp) on the first stage; GPipe: every forward resharded after it, and one gather in
+    the backwards); the root once a step. Not modelled: interleaving with more than 3 chunks
+    a rank, where torch's runtime frees idle stages (``max_active_stages`` 3) and gathers
+    them again; it is counted as if every chunk stayed gathered."""
+    m = lever.micro_batches
+    units = _units(model_config, layout)
+    blocks = _block_share(model_config, layout, local_params)
+    root = local_params - blocks
+    keep = not framework(lever.framework).reshards_after_forward(layout.pp > 1)
+    if layout.pp > 1:
+        if keep:
+            rounds = 1
+        elif layout.engines.schedule_order == "gpipe":
+            rounds = m + 1
+        else:
+            rounds = m + min(m, layout.pp)
+        calls, nbytes = (units - 1) * rounds + 1, blocks * rounds + root
+    elif keep:
+        calls, nbytes = units * m, local_params * m
+    else:
+        calls, nbytes = (2 * units - 1) * m, (local_params + blocks) * m
+    return calls, nbytes * compute_bytes(lever.precision)
+
+
 def _tp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tuple[int, float]:
     """(calls, bytes) of tp's AllReduces in a step: one per column/row pair forward and one
     backward per micro-batch, of ``tokens`` (a micro-batch's) activations."""
@@ -200,8 +229,12 @@ def _tp_comm(model_config, layout: Parallelism, lever: Lever, tokens: int) -> tu
         # backward reruns each block's forward, and with it the row layers' forward
         # AllReduce, but torch.utils.checkpoint stops early (non-reentrant: once the last
         # tensor backward needs is recomputed): the block's last row layer's output is
-        # not, so a block of k row layers recomputes k-1 AllReduces (measured: tests/test_plan)
-        again = list(_tp_widths(replace_layers(model_config, 1))[1][:-1]) * model_config.n_layers
+        # not, so a block of k row layers recomputes k-1 AllReduces (measured: tests/test_plan);
+        # a reentrant checkpoint (Megatron's, metaseq's) reruns the whole forward: all k
+        rows_of_one = _tp_widths(replace_layers(model_config, 1))[1]
+        if not framework(lever.framework).reentrant_checkpoint:
+            rows_of_one = rows_of_one[:-1]
+        again = list(rows_of_one) * model_config.n_layers
         calls += len(again) * m * share
         width += sum(again)
     return round(calls), width * tokens * act * m * share
