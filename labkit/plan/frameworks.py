@@ -58,7 +58,13 @@ planner needs to know about one beside the layout (``project(..., framework=...)
   forward in backward, its tp collectives with it (Megatron's and metaseq's
   ``CheckpointFunction``, an ``autograd.Function``), or stops once backward has what it
   needs (torch.utils.checkpoint, non-reentrant: the last row layer's AllReduce is not rerun).
-* ``pipelines``: whether the framework has pipeline parallelism at all (metaseq has none).
+* ``pipelines``: whether the framework has pipeline parallelism at all (metaseq and
+  Composer have none).
+* ``torch_pipelining``: whether its pipeline is torch.distributed.pipelining driving FSDP2
+  or ``replicate`` modules, which reduces a stage's gradients after its last micro-batch's
+  backward (``PipelineStage.perform_reduce_grad``: "REDUCE_GRAD action is scheduled after
+  all microbatches W, B actions"), under no compute: labkit's engines, torchtitan, and
+  Llama 3's stack as the planner takes it.
 * ``distribute_checkpoints``: whether, under activation checkpointing, each tp rank keeps
   1/tp of a block's checkpointed input and all-gathers it before recomputing the block in
   backward (Megatron's and metaseq's ``--distribute-checkpointed-activations``), or keeps the
@@ -117,6 +123,7 @@ class Framework:
     reduce_in_compute_dtype: bool = False
     reentrant_checkpoint: bool = False
     pipelines: bool = True
+    torch_pipelining: bool = False
 
     def reshards_after_forward(self, pipelined: bool) -> bool:
         """``reshard_after_forward``, or in a pipeline ``pp_reshard_after_forward``."""
@@ -128,7 +135,8 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("labkit", True, _torch_ddp_bucket, False, False, False, "fp32-master",
               "labkit's engines: torch DDP (25 MiB buckets, overlapped with backward), FSDP2, "
-              "DTensor TP (synchronous), torch.distributed.pipelining (whole activations)"),
+              "DTensor TP (synchronous), torch.distributed.pipelining (whole activations)",
+              torch_pipelining=True),
     Framework("torchtitan", True, _torch_ddp_bucket, False, False, True, "fp32-master",
               "torchtitan: FSDP2 with fp32 sharded parameters and fp32 reduce "
               "(mixed_precision_reduce), every block resharded after forward but the last "
@@ -138,7 +146,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "repeats keys and values for each query group before SDPA (repeat_kv) and "
               "computes RMSNorm in eager ops (norm_type 'rmsnorm'); in a pipeline no block "
               "resharded after forward (get_fsdp_reshard_after_forward_policy)",
-              fused_saves=False, pp_reshard_after_forward=False),
+              fused_saves=False, pp_reshard_after_forward=False, torch_pipelining=True),
     Framework("composer", True, _torch_ddp_bucket, False, False, False, "fp32-master",
               "MosaicML Composer (llm-foundry's MPT benchmarks): torch FSDP1 FULL_SHARD "
               "(parameters gathered in forward and again in backward), mixed_precision "
@@ -150,7 +158,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               "(Dao's flash_attn_triton.py for pre-MLIR Triton, 'slightly slower' than "
               "FlashAttention-1: FlashAttention-2's rate over 1.7, the least of Dao 2023's "
               "1.7-3.0x over FA1: project.ATTENTION_SLOWER)", backward_prefetch="post",
-              attention_kernel="triton", reduce_every_micro_batch=True),
+              attention_kernel="triton", reduce_every_micro_batch=True, pipelines=False),
     Framework("megatron-2021", False, _one_buffer, False, True, True, "megatron",
               "Megatron-LM 2021 (Narayanan et al. 2021): gradients AllReduced after backward "
               "from one contiguous buffer; TP collectives on the critical path; "
@@ -184,6 +192,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
 # Megatron-Core's.
 FRAMEWORKS["llama3"] = dataclasses.replace(
     FRAMEWORKS["megatron-core"], name="llama3", reshard_after_forward=False,
+    torch_pipelining=True,
     source="Llama 3's 4D parallelism (Dubey et al. 2024, section 3.3.2): FSDP sharding "
            "optimizer states and gradients, model shards not resharded after forward; "
            "the rest (not published) as Megatron-Core's row: " + FRAMEWORKS["megatron-core"].source)

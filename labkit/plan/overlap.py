@@ -29,9 +29,10 @@ def hiding_window_s(dim: str, kind: str, lever: Lever, compute: float,
       in its forward only where the gathered parameters are kept to backward
       (``Framework.reshards_after_forward`` False), and in a pipeline, which keeps them to
       the step's end then, in the first micro-batch's forward.
-    * In a pipeline, FSDP's reduce-scatter runs after the stage's last backward
-      (torch.distributed.pipelining's ``perform_reduce_grad``: "REDUCE_GRAD action is
-      scheduled after all microbatches W, B actions"): under nothing.
+    * In torch.distributed.pipelining, a stage's gradient reduction (FSDP's reduce-scatter,
+      ``replicate``'s and HSDP's all-reduce) runs after its last backward
+      (``perform_reduce_grad``: "REDUCE_GRAD action is scheduled after all microbatches W,
+      B actions"): under nothing.
     Backward is taken as 2/3 of the compute (twice the forward's FLOPs)."""
     m = max(lever.micro_batches, 1)
     backward, forward = compute * 2 / 3, compute / 3
@@ -39,8 +40,9 @@ def hiding_window_s(dim: str, kind: str, lever: Lever, compute: float,
         if framework(lever.framework).reshards_after_forward(pipelined):
             return compute
         return forward / m if pipelined else forward
-    if kind == "reduce_scatter" and dim == "fsdp" and pipelined:
-        return 0.0
+    if (pipelined and kind in ("all_reduce", "reduce_scatter")
+            and framework(lever.framework).torch_pipelining):
+        return 0.0  # after the stage's last backward (Framework.torch_pipelining)
     if kind == "all_gather":
         return forward / m
     once = dim == "dp" or not framework(lever.framework).reduce_every_micro_batch

@@ -189,11 +189,12 @@ def fsdp_gathers(model_config, layout: Parallelism, lever: Lever,
     False) gathers each unit once per micro-batch. In a pipeline, torch.distributed.pipelining does
     not reshard a stage's FSDP modules after a micro-batch's backward (they wait, gathered,
     for the reduction after the last: ``PipelineStage.backward_maybe_with_nosync``,
-    ``perform_reduce_grad``): a forward that follows a backward finds its units gathered.
-    Then a block is gathered once a step where it is kept to backward, and otherwise by each
-    backward and by each warm-up forward, the forwards that precede the first backward (1F1B:
-    min(m, pp) on the first stage; GPipe: every forward resharded after it, and one gather in
-    the backwards); the root once a step. Not modelled: interleaving with more than 3 chunks
+    ``perform_reduce_grad``): a forward that follows a backward finds its units gathered
+    (and reshards them after it), a backward that follows a backward too. Then a block is
+    gathered once a step where it is kept to backward, and otherwise m + 1 times, under any
+    schedule: every forward reshards it (``FSDPParamGroup.post_forward``), so the op after
+    each forward gathers it again, and the step's first op gathers it once; the root once a
+    step. Not modelled: interleaving with more than 3 chunks
     a rank, where torch's runtime frees idle stages (``max_active_stages`` 3) and gathers
     them again; it is counted as if every chunk stayed gathered."""
     m = lever.micro_batches
@@ -202,12 +203,7 @@ def fsdp_gathers(model_config, layout: Parallelism, lever: Lever,
     root = local_params - blocks
     keep = not framework(lever.framework).reshards_after_forward(layout.pp > 1)
     if layout.pp > 1:
-        if keep:
-            rounds = 1
-        elif layout.engines.schedule_order == "gpipe":
-            rounds = m + 1
-        else:
-            rounds = m + min(m, layout.pp)
+        rounds = 1 if keep else m + 1
         calls, nbytes = (units - 1) * rounds + 1, blocks * rounds + root
     elif keep:
         calls, nbytes = units * m, local_params * m
