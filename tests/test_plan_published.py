@@ -21,6 +21,7 @@ from labkit.training.layout import Layout
 
 MEGATRON_22B = GPTConfig(vocab_size=51200, seq_len=2048, d_model=6144, n_heads=64, n_layers=48)
 A100_NODE = plan.GPUCluster("A100-80GB")
+GPT_2B = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
 
 
 def _project(**levers):
@@ -236,7 +237,7 @@ def test_compute_beside_a_hidden_collective_is_charged_its_slowdown_in_a_node_an
     from labkit.plan.hardware import OVERLAP_SLOWDOWN
     from labkit.plan.project import _matmul_s
 
-    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    model = GPT_2B
     for layout, nodes in ((Parallelism.of(fsdp=8, dp_kind="fsdp"), 1),
                           (Parallelism.of(fsdp=16, dp_kind="fsdp"), 2)):
         cluster = plan.GPUCluster("H100", nodes=nodes)
@@ -260,7 +261,7 @@ def test_a_power_capped_h100_sustains_the_nvl_bound():
 def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
     # Composer's default BACKWARD_POST issues a backward all-gather after the previous unit's
     # gradients (torch's BackwardPrefetch docstring): its u-1 backward gathers are exposed
-    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    model = GPT_2B
     layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.GPUCluster("H100")
     pre, post = (plan.project(model, layout, cluster, global_batch=64, framework=name)
                  for name in ("labkit", "composer"))
@@ -277,7 +278,7 @@ def test_fsdp1_backward_post_waits_for_each_backward_all_gather():
 def test_shards_kept_gathered_to_backward_are_gathered_once_and_held():
     # Llama 3's FSDP (section 3.3.2) does not reshard after forward: each unit is gathered
     # once per micro-batch, not again in backward, and the rank holds all of them at once
-    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    model = GPT_2B
     cluster = plan.GPUCluster("H100", nodes=2)
     units, m = model.n_layers + 1, 4
     kept_row = FRAMEWORKS["llama3"]
@@ -314,7 +315,7 @@ def test_a_pipeline_keeps_its_fsdp_stage_gathered_as_torchs_schedules_do():
     from labkit.plan.overlap import hiding_window_s
     from labkit.plan.step import Lever, fsdp_gathers, local_params
 
-    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    model = GPT_2B
     m, blocks = 8, model.n_layers // 2
     for schedule in ("1f1b", "gpipe"):
         rounds = m + 1  # once after each forward, and the step's first
@@ -360,7 +361,7 @@ def test_gradient_accumulation_under_fsdp_holds_the_unsharded_gradients():
     # micro-batch; Composer, which reduces after every micro-batch, holds none
     from labkit.plan.step import local_params
 
-    model = GPTConfig(vocab_size=32000, seq_len=2048, d_model=2048, n_heads=16, n_layers=8)
+    model = GPT_2B
     layout, cluster = Parallelism.of(fsdp=8, dp_kind="fsdp"), plan.GPUCluster("H100")
     local = local_params(model, layout)
     for name, m, held in (("labkit", 1, 4 * local / 8), ("labkit", 4, 4 * local),

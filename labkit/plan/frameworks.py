@@ -125,6 +125,13 @@ class Framework:
     pipelines: bool = True
     torch_pipelining: bool = False
 
+    def gradient_bytes(self, precision: str) -> int:
+        """Bytes a gradient element takes in memory and on the wire when reduced: fp32 under
+        mixed precision, the compute dtype where the framework reduces in it
+        (``reduce_in_compute_dtype``) or where everything is bf16."""
+        low = precision == "bf16" or (self.reduce_in_compute_dtype and precision != "fp32")
+        return 2 if low else 4
+
     def reshards_after_forward(self, pipelined: bool) -> bool:
         """``reshard_after_forward``, or in a pipeline ``pp_reshard_after_forward``."""
         if pipelined and self.pp_reshard_after_forward is not None:

@@ -136,10 +136,9 @@ def decoder_memory(model_config, layout: Parallelism, lever: Lever, measured: bo
             and (pipelined or lever.micro_batches > 1)):
         # reduced once a step: FSDP2 keeps the unsharded gradients, in the dtype they are
         # reduced in, until the last micro-batch (set_requires_gradient_sync(False):
-        # FSDPParam.unsharded_accumulated_grad, in reduce_dtype)
-        # the sharded gradients appear as the unsharded ones are freed: never both in full
-        low = lever.precision == "bf16" or runner.reduce_in_compute_dtype
-        gradients = max(gradients, local * (compute_bytes(lever.precision) if low else 4))
+        # FSDPParam.unsharded_accumulated_grad, in reduce_dtype); the sharded ones appear as
+        # those are freed, never both in full
+        gradients = max(gradients, local * runner.gradient_bytes(lever.precision))
     return {"parameters": state["parameters"], "gradients": gradients,
             "optimizer": state["optimizer"], "activations": activations, "other": other}
 

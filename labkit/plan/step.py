@@ -139,14 +139,12 @@ def step_comm(model_config, layout: Parallelism, lever: Lever, local_params: flo
                                          * compute_bytes(lever.precision))
     if layout.pp > 1:
         out[("pp", "send")] = _pp_comm(model_config, layout, lever, tokens)
-    # gradients travel in fp32 under mixed precision, unless the framework reduces them in
-    # the compute dtype (Framework.reduce_in_compute_dtype)
-    low = lever.precision == "bf16" or framework(lever.framework).reduce_in_compute_dtype
-    grads = local_params * (compute_bytes(lever.precision) if low else 4)
+    grad_bytes = framework(lever.framework).gradient_bytes(lever.precision)
+    grads = local_params * grad_bytes
     if layout.cp > 1 or layout.ep > 1:
         sharded = 1 / layout.fsdp if layout.data_engine == "fsdp" else 1.0
-        out.update(cp_ep_comm(model_config, layout, micro, m, 4 if lever.precision != "bf16"
-                              else 2, sharded, local_params if layout.tp > 1 else None))
+        out.update(cp_ep_comm(model_config, layout, micro, m, grad_bytes, sharded,
+                              local_params if layout.tp > 1 else None))
         if layout.ep > 1:  # replicas averaged by hand (in cp_ep_comm), not by DDP
             return out
     engine = layout.data_engine
@@ -186,17 +184,17 @@ def fsdp_gathers(model_config, layout: Parallelism, lever: Lever,
     FSDP2 gathers each block in forward and again in backward per micro-batch, the root
     (embeddings, head) once, which stays gathered from its forward to its backward; a
     framework that keeps the blocks gathered to backward (``Framework.reshards_after_forward``
-    False) gathers each unit once per micro-batch. In a pipeline, torch.distributed.pipelining does
-    not reshard a stage's FSDP modules after a micro-batch's backward (they wait, gathered,
+    False) gathers each unit once per micro-batch. In a pipeline, torch.distributed.pipelining
+    does not reshard a stage's FSDP modules after a micro-batch's backward (they wait, gathered,
     for the reduction after the last: ``PipelineStage.backward_maybe_with_nosync``,
     ``perform_reduce_grad``): a forward that follows a backward finds its units gathered
     (and reshards them after it), a backward that follows a backward too. Then a block is
     gathered once a step where it is kept to backward, and otherwise m + 1 times, under any
     schedule: every forward reshards it (``FSDPParamGroup.post_forward``), so the op after
     each forward gathers it again, and the step's first op gathers it once; the root once a
-    step. Not modelled: interleaving with more than 3 chunks
-    a rank, where torch's runtime frees idle stages (``max_active_stages`` 3) and gathers
-    them again; it is counted as if every chunk stayed gathered."""
+    step. Not modelled: interleaving with more than 3 chunks a rank, where torch's runtime
+    frees idle stages (``max_active_stages`` 3) and gathers them again; it is counted as if
+    every chunk stayed gathered."""
     m = lever.micro_batches
     units = _units(model_config, layout)
     blocks = _block_share(model_config, layout, local_params)
