@@ -1,0 +1,85 @@
+"""Two holes a hostile review of the grader found (both fail today).
+
+1. The ranks are forked from a zygote forked from the checker, so a rank holds a copy of the
+   checker's memory at the zygote's fork. A rank may kill the zygote (same uid); the
+   checker then forks a new one at its next run, from wherever it is: inside the next check,
+   after that check drew its private data. Notebook 03: an answer to ``pipeline_step`` ends
+   the zygote, and ``pipeline_schedule``'s rank 0 then finds, in its own memory, stage 1's
+   weights and the targets (rank 1's alone).
+2. Where labkit is installed from a wheel (not a checkout), ``labkit/notebooks`` is a real
+   folder holding the reference solutions, and the sandbox mounts the package whole:
+   ``/opt/labkit/labkit/notebooks/solutions/*.json`` is readable by every rank.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.__main__ import main
+from labkit.classroom import sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(sandbox.problem() is not None,
+                                reason=f"no sandbox here: {sandbox.problem()}")
+SMOKE_03 = ('{"d_hidden": 64, "n_layers": 2, "global_batch": 16, "micro_batches": 2, '
+            '"micro_options": [1, 2], "stage_options": [2], "steps": 1, "interactive": false}')
+ENDS_ZYGOTE = '''import os, signal
+
+def pipeline_step(ctx, stage, inputs, targets, micro_batches, activation_shape):
+    if ctx.rank == 0:
+        os.kill(os.getppid(), signal.SIGKILL)  # the rank launcher: re-forked by the checker
+    raise RuntimeError("this exercise is given up")
+'''
+FINDS_DATA = '''from torch.distributed.pipelining import PipelineStage
+
+def pipeline_schedule(ctx, part, micro_batches, loss_fn, schedule_class):
+    import gc
+    gc.unfreeze()
+    runs = [o for o in gc.get_objects() if type(o).__name__ == "_Run"]
+    raise RuntimeError(f"rank {ctx.rank} holds {len(runs)} of the check's private runs")
+'''
+
+
+def _cell(notebook, grade_id: str):
+    return next(c for c in notebook.cells
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def test_a_rank_never_holds_a_later_checks_private_data(tmp_path):
+    notebook = nbformat.read(REPO / "notebooks" / "03_pipeline_parallel.ipynb", as_version=4)
+    _cell(notebook, "pipeline_step_answer").source = ENDS_ZYGOTE
+    _cell(notebook, "pipeline_schedule_answer").source = FINDS_DATA
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    nbformat.write(notebook, folder / "03_pipeline_parallel.ipynb")
+    out = tmp_path / "grades.csv"
+    assert main(["grade", str(folder), "--out", str(out), "--source", str(REPO / "course"),
+                 "--parameters", SMOKE_03, "--cell-timeout", "120", "--timeout", "400"]) == 0
+    row = next(csv.DictReader(open(out)))
+    assert row["exercise:pipeline_schedule_check"] == "failed", row
+    assert "rank 0 holds 0 of the check's private runs" in row["detail"], row["detail"]
+
+
+def test_the_sandbox_never_shows_the_packages_solutions(tmp_path, monkeypatch):
+    # labkit laid out as a wheel installs it: notebooks/ a folder, not a link
+    package = tmp_path / "site" / "labkit"
+    shutil.copytree(REPO / "labkit", package, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert (package / "notebooks" / "solutions" / "00_your_cluster.json").is_file()
+    monkeypatch.setattr(sandbox, "labkit", types.SimpleNamespace(
+        __file__=str(package / "__init__.py")))
+    job = tmp_path / "job"
+    job.mkdir()
+    target = "/opt/labkit/labkit/notebooks/solutions/00_your_cluster.json"
+    argv = sandbox.command([sys.executable, "-c", f"print(open({target!r}).read()[:40])"],
+                           job, sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0, f"a rank read {target}: {result.stdout!r}"
