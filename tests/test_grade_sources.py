@@ -5,6 +5,7 @@ broken, hanging and unmatched submissions; time limits."""
 from __future__ import annotations
 
 import csv
+import os
 import time
 from pathlib import Path
 
@@ -166,6 +167,65 @@ def test_malformed_quiz_records_score_nothing_and_folders_are_expanded(tmp_path)
                        said.append) == [tmp_path / "a" / "x.ipynb", tmp_path / "b.ipynb"]
     assert said == [f"{tmp_path / 'empty'}: a folder with no notebook in it"]
     assert main(["grade", str(tmp_path / "empty"), "--out", str(tmp_path / "g.csv")]) == 1
+
+
+def _quiz_record(answers: dict):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("")]
+    notebook.cells[0].outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "quiz", RECORD_MIME: {"quiz": "00_your_cluster", "answers": answers}})]
+    return notebook
+
+
+def test_quiz_answers_the_widget_could_not_have_saved_score_nothing():
+    answers = {"why-clusters": {"first": True},  # JSON true: Python's 1, the right option
+               "sum-of-ranks": {"first": [1]}, "everyone-must-join": {"first": 7},
+               "algbw": {"first": float("nan")}}
+    measured = {"00_your_cluster": {"algbw": 1.0}}
+    scores, notes = quiz_scores(_quiz_record(answers), QUIZZES, measured)
+    assert scores == {"00_your_cluster": (0, 4)}, scores
+    assert "quiz 00_your_cluster: 4 saved answer(s) do not parse: scored 0" in notes, notes
+    answers.update({"why-clusters": {"first": 1}, "algbw": {"first": 1}})
+    assert quiz_scores(_quiz_record(answers), QUIZZES, measured)[0] == {
+        "00_your_cluster": (2, 4)}
+
+
+def test_a_source_behind_a_linked_folder_or_an_oversized_file_is_not_read(tmp_path,
+                                                                         monkeypatch):
+    from labkit.classroom import grade as grading
+
+    private = tmp_path / "private-course"
+    private.mkdir()
+    source = private / "00_your_cluster.ipynb"
+    source.write_bytes((REPO / "course" / "00_your_cluster.ipynb").read_bytes())
+    (tmp_path / "subs").mkdir()
+    # a learner's archive, unpacked, holds a link to the sources; a shell glob follows it
+    (tmp_path / "subs" / "mallory").symlink_to(private)
+    (tmp_path / "subs" / "eve").symlink_to(REPO / "course")
+    for learner, sources in (("mallory", private), ("eve", None)):
+        result = grade_submission(tmp_path / "subs" / learner / "00_your_cluster.ipynb",
+                                  QUIZZES, sources)
+        assert result.status == "unreadable" and "course's sources" in result.detail, result
+        assert result.row()["points"] == 0
+    monkeypatch.setattr(grading, "MAX_NOTEBOOK_BYTES", 1000)
+    big = tmp_path / "big.ipynb"
+    big.write_bytes(source.read_bytes())
+    result = grade_submission(big, QUIZZES, private)
+    assert result.status == "unreadable" and "larger than" in result.detail, result
+
+
+def test_job_folders_of_graders_no_longer_running_are_removed(tmp_path):
+    from labkit.classroom.grade import JOB_PREFIX, remove_stale_jobs
+
+    dead = psutil.Popen(["true"])
+    dead.wait()
+    for owner in (dead.pid, os.getpid()):
+        (tmp_path / f"{JOB_PREFIX}{owner}-abc" / "quizzes").mkdir(parents=True)
+    (tmp_path / f"{JOB_PREFIX}{dead.pid}-link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    assert remove_stale_jobs(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{JOB_PREFIX}{os.getpid()}-abc", f"{JOB_PREFIX}{dead.pid}-link", "elsewhere"])
 
 
 def test_a_link_or_a_non_notebook_is_a_row_that_quotes_nothing_of_the_file(tmp_path):

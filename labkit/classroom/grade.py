@@ -24,7 +24,9 @@ whatever it started is killed when it ends.
 from __future__ import annotations
 
 import csv
+import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,6 +48,8 @@ from labkit.lessons.show.quizzes import RECORD_MIME, load_quiz
 # runs by default (they are not package data: they hold the solutions and hidden tests).
 REPO = Path(__file__).resolve().parent.parent.parent
 NOT_RUN = "not run"
+MAX_NOTEBOOK_BYTES = 64 * 2**20  # a submission is parsed by the grader itself, unsandboxed
+JOB_PREFIX = "labkit-grade-"  # a submission's job folder: labkit-grade-<grader's pid>-...
 UNSAFE = ("--unsafe-no-sandbox: each submission's code then runs as you, with your files, "
           "your network and no limits but the time limits; grade only work you trust that "
           "way, or install bubblewrap (apt-get install -y bubblewrap)")
@@ -114,7 +118,7 @@ def quiz_scores(notebook, quiz_dir: Path, expected: dict) -> tuple[dict, list[st
             entry = answers.get(q.id)
             if entry is None:
                 continue
-            if not isinstance(entry, dict) or "first" not in entry:
+            if not isinstance(entry, dict) or not _answer_parses(q, entry.get("first")):
                 unread += 1
             elif q.kind != "number" or (measured and q.id in measured):
                 score += q.is_right(entry["first"], (measured or {}).get(q.id))
@@ -125,6 +129,16 @@ def quiz_scores(notebook, quiz_dir: Path, expected: dict) -> tuple[dict, list[st
                          "measured questions scored 0")
         scores[name] = (score, len(questions))
     return scores, notes
+
+
+def _answer_parses(question, first) -> bool:
+    """A first answer the quiz widget could have saved: an option's index for a choice, a
+    finite number for a number (never ``true``, which Python would read as 1)."""
+    if isinstance(first, bool):
+        return False
+    if question.kind == "choice":
+        return isinstance(first, int) and 0 <= first < len(question.options)
+    return isinstance(first, (int, float)) and math.isfinite(first)
 
 
 @dataclass
@@ -170,10 +184,9 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     """Grade one submission (see the module's docstring); never raises for the notebook's own
     faults (they become the row's status)."""
     result, start = Submission(Path(path)), time.monotonic()
-    if Path(path).is_symlink() or not Path(path).is_file():
-        # read as the grader, a link could point at any of its files (/etc/shadow as root)
-        result.status = "unreadable"
-        result.detail = "not a regular file (a symbolic link, a device or a folder): not read"
+    refused = _refused(Path(path), source_dir)
+    if refused:
+        result.status, result.detail = "unreadable", refused
         return result
     try:
         notebook = nbformat.read(path, as_version=4)
@@ -198,7 +211,8 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
         if cell["kind"] == "answer" and (found := review_notes(cell["source"])))
     hidden = [cell.pop("hidden") for cell in cells if "hidden" in cell]
     spec = {"cells": cells, "cell_timeout": cell_timeout}
-    with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-",
+                                     ignore_cleanup_errors=True) as tmp:
         prepare_job(Path(tmp), spec, Path(quiz_dir), sandboxed)
         findings = run_checker(Path(tmp), hidden, timeout, sandboxed, limits)
     result.status = STATUS[findings.ending]
@@ -207,6 +221,22 @@ def grade_submission(path: Path, quiz_dir: Path, source_dir: Path | None,
     result.detail = _detail(findings, result.exercises, notes)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _refused(path: Path, source_dir: Path | None) -> str:
+    """Why the grader does not read ``path`` ("" if it does)."""
+    if path.is_symlink() or not path.is_file():
+        # read as the grader, a link could point at any of its files (/etc/shadow as root)
+        return "not a regular file (a symbolic link, a device or a folder): not read"
+    real = path.resolve()
+    if any(real.is_relative_to(Path(place).resolve()) for place in
+           {source_dir, REPO / "course"} if place is not None and Path(place).is_dir()):
+        # a folder on its path is a link into the sources: it would be graded as the learner's
+        return "it lies in the course's sources (a link on its path leads there): not read"
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        return (f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB, more than any notebook of "
+                "the course with its outputs: not read")
+    return ""
 
 
 def _cell_text(value):
@@ -266,8 +296,9 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
 
     paths = submissions(paths, echo)
     verdicts.resume()
+    remove_stale_jobs()  # left by a grader killed with SIGKILL, with its cgroups
     if sandboxed and cgroups.usable():
-        cgroups.remove_stale()  # left by a grader killed with SIGKILL
+        cgroups.remove_stale()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
         results = list(pool.map(one, paths))
@@ -278,6 +309,22 @@ def grade(paths, out: Path, quiz_dir: Path | None = None, source_dir: Path | Non
         pool.shutdown(wait=True, cancel_futures=True)
     write_grades(results, out)
     return results
+
+
+def remove_stale_jobs(folder: Path | None = None) -> int:
+    """Remove the job folders (the learners' cells, the quiz files) that graders no longer
+    running left in ``folder`` (the temporary folder): one killed with SIGKILL cannot remove
+    its own. How many were removed."""
+    import psutil
+
+    removed = 0
+    for job in Path(folder or tempfile.gettempdir()).glob(f"{JOB_PREFIX}*-*"):
+        owner = job.name[len(JOB_PREFIX):].split("-")[0]
+        if (owner.isdigit() and not psutil.pid_exists(int(owner)) and job.is_dir()
+                and not job.is_symlink()):
+            shutil.rmtree(job, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def write_grades(results: list[Submission], out: Path) -> None:

@@ -4,10 +4,11 @@ What a graded submission's checker and ranks get (``command``):
 
 * a filesystem of their own: read-only, the system (``/usr``, ``/lib``, ``/bin``, ``/sys``, a
   few files of ``/etc``), this Python's installation (its prefixes), labkit's package alone at
-  ``/opt/labkit/labkit`` (never the repository around it) and the job's folder (the spec and
-  the quiz files) at ``/job``; writable, only a size-limited tmpfs at ``/tmp`` (the working
-  folder), and ``/dev/shm`` alike. Nothing else: not the grader's home, not the course
-  sources, not the other submissions, not the grades file;
+  ``/opt/labkit/labkit`` (never the repository around it; its ``notebooks/``, which holds the
+  reference solutions where labkit is installed from a wheel, covered by an empty folder) and
+  the job's folder (the spec and the quiz files) at ``/job``; writable, only a size-limited
+  tmpfs at ``/tmp`` (the working folder), and ``/dev/shm`` alike. Nothing else: not the
+  grader's home, not the course sources, not the other submissions, not the grades file;
 * new pid, network, IPC and UTS namespaces: no network but a loopback of their own (the
   ranks' gloo runs on it); when the checker ends, every process left in its pid namespace is
   killed with it;
@@ -94,6 +95,23 @@ def _mounts(job: Path) -> list[tuple[str, str, str]]:
                      ("--ro-bind", str(job), "/job")]
 
 
+def _hidden_materials() -> list[str]:
+    """The package's ``notebooks/`` wherever the sandbox would show it: installed from a wheel
+    (not a checkout, where it is a link that leads nowhere inside) it is a folder holding the
+    reference solutions, under labkit's mount and under the Python prefix it lies in. The
+    checker reads none of it (the quizzes come from the job's copy)."""
+    package = Path(labkit.__file__).resolve().parent
+    found = []
+    for place in {package, *(Path(p).resolve() / "labkit" for p in sys.path if p)}:
+        folder = place / "notebooks"
+        if folder.is_dir() and not folder.is_symlink():
+            if place == package:
+                found.append(f"{LABKIT_MOUNT}/labkit/notebooks")
+            if any(folder.is_relative_to(prefix) for prefix in _python_paths()):
+                found.append(str(folder))
+    return sorted(set(found))
+
+
 def bwrap_arguments(job: Path, limits: Limits, uid: int | None) -> list[str]:
     """The ``bwrap`` command line up to the command; ``uid``: the one ``setpriv`` drops to
     (as root), None to map this user in a user namespace instead."""
@@ -114,6 +132,8 @@ def bwrap_arguments(job: Path, limits: Limits, uid: int | None) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]  # bwrap would make them 0700
     for option, source, dest in mounts:
         args += [option, source, dest]
+    for folder in _hidden_materials():  # an empty, read-only folder over the solutions
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", folder]
     args += ["--chdir", "/tmp"]
     environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp",
                    "LANG": "C.UTF-8", "LABKIT_GRADING": "1", "MPLBACKEND": "Agg",

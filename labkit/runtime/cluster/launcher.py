@@ -9,6 +9,12 @@
   CUDA initialised in the notebook afterwards does not matter.
 * ``"fresh"``: a new Python that imports torch itself (2-3 s), always safe.
 * ``"auto"``: fork when safe, else fresh.
+
+While ranks are distrusted (a grader's checker, ``untrusted.distrust_ranks``) every zygote is
+a fresh Python, started isolated (``-I``: no working folder on its path, no ``PYTHON*``
+variables): a forked one would hold a copy of this process's memory, and a rank that ended it
+would have the next one forked from wherever the checker then is, such as inside a check,
+after it drew data meant for another rank.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ def choose_launcher(launcher: str, device: str) -> str:
     if launcher == "fork" and reason:
         raise ValueError(f"cannot fork the rank launcher from this process: {reason}; use "
                          "launcher='fresh' (or 'auto')")
+    from labkit.runtime.cluster.untrusted import distrusted
+
+    if distrusted():
+        return "fresh"  # the ranks must never hold a copy of this process (module docstring)
     return "fresh" if launcher == "fresh" or reason else "fork"
 
 
@@ -167,7 +177,10 @@ def start_zygote(kind: str) -> tuple[object, socket.socket]:
                 f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r})")
         # A session of its own: Jupyter's interrupt signals the kernel's whole process group,
         # and the ranks must be stopped by us, in order, not by a stray SIGINT.
-        process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
-                                   start_new_session=True)
+        from labkit.runtime.cluster.untrusted import distrusted
+
+        isolated = ["-I"] if distrusted() else []
+        process = subprocess.Popen([sys.executable, *isolated, "-c", code],
+                                   pass_fds=[theirs.fileno()], start_new_session=True)
     theirs.close()
     return process, ours

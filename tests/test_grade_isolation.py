@@ -1,14 +1,14 @@
-"""Two holes a hostile review of the grader found (both fail today).
+"""What a graded submission's ranks can reach of the grader's: never a copy of the checker's
+memory, never the package's reference solutions.
 
-1. The ranks are forked from a zygote forked from the checker, so a rank holds a copy of the
-   checker's memory at the zygote's fork. A rank may kill the zygote (same uid); the
-   checker then forks a new one at its next run, from wherever it is: inside the next check,
-   after that check drew its private data. Notebook 03: an answer to ``pipeline_step`` ends
-   the zygote, and ``pipeline_schedule``'s rank 0 then finds, in its own memory, stage 1's
-   weights and the targets (rank 1's alone).
-2. Where labkit is installed from a wheel (not a checkout), ``labkit/notebooks`` is a real
-   folder holding the reference solutions, and the sandbox mounts the package whole:
-   ``/opt/labkit/labkit/notebooks/solutions/*.json`` is readable by every rank.
+1. A rank may end the rank launcher (the zygote; same uid). The checker then starts another at
+   its next run, from inside the next check, after that check drew the data meant for other
+   ranks: a zygote forked from the checker would hand that data to every rank. Notebook 03: an
+   answer to ``pipeline_step`` ends the zygote, and ``pipeline_schedule``'s rank 0 looks in its
+   own memory for the check's private runs (stage 1's weights and the targets, rank 1's alone).
+2. Where labkit is installed from a wheel (not a checkout), ``labkit/notebooks`` is a folder
+   holding the reference solutions, seen in the sandbox under labkit's mount and under the
+   Python prefix it is installed in.
 """
 
 from __future__ import annotations
@@ -69,17 +69,24 @@ def test_a_rank_never_holds_a_later_checks_private_data(tmp_path):
 
 
 def test_the_sandbox_never_shows_the_packages_solutions(tmp_path, monkeypatch):
-    # labkit laid out as a wheel installs it: notebooks/ a folder, not a link
-    package = tmp_path / "site" / "labkit"
+    # labkit laid out as a wheel installs it into a prefix: notebooks/ a folder, not a link
+    site = tmp_path / "prefix" / "site-packages"
+    package = site / "labkit"
     shutil.copytree(REPO / "labkit", package, symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__"))
     assert (package / "notebooks" / "solutions" / "00_your_cluster.json").is_file()
     monkeypatch.setattr(sandbox, "labkit", types.SimpleNamespace(
         __file__=str(package / "__init__.py")))
+    prefixes = sandbox._python_paths() + [str(tmp_path / "prefix")]
+    monkeypatch.setattr(sandbox, "_python_paths", lambda: prefixes)
+    monkeypatch.setattr(sys, "path", sys.path + [str(site)])
     job = tmp_path / "job"
     job.mkdir()
-    target = "/opt/labkit/labkit/notebooks/solutions/00_your_cluster.json"
-    argv = sandbox.command([sys.executable, "-c", f"print(open({target!r}).read()[:40])"],
-                           job, sandbox.Limits())
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0, f"a rank read {target}: {result.stdout!r}"
+    for root in ("/opt/labkit/labkit", str(package)):
+        solution = f"{root}/notebooks/solutions/00_your_cluster.json"
+        code = (f"import os; print(open({root + '/__init__.py'!r}).read()[:1]); "
+                f"print(os.listdir({root + '/notebooks'!r})); print(open({solution!r}).read())")
+        argv = sandbox.command([sys.executable, "-c", code], job, sandbox.Limits())
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert result.stdout.splitlines()[1:2] == ["[]"], (root, result.stdout, result.stderr)
+        assert result.returncode != 0 and "FileNotFoundError" in result.stderr, result.stdout
