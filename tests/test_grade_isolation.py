@@ -9,6 +9,9 @@ memory, never the package's reference solutions.
 2. Where labkit is installed from a wheel (not a checkout), ``labkit/notebooks`` is a folder
    holding the reference solutions, seen in the sandbox under labkit's mount and under the
    Python prefix it is installed in.
+3. A rank may ``ptrace`` any dumpable process of its uid: the launcher is not one, so no rank
+   reads its memory or makes it report other processes as ranks, while the checker can still
+   read each rank's sockets in ``/proc``.
 """
 
 from __future__ import annotations
@@ -90,3 +93,38 @@ def test_the_sandbox_never_shows_the_packages_solutions(tmp_path, monkeypatch):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert result.stdout.splitlines()[1:2] == ["[]"], (root, result.stdout, result.stderr)
         assert result.returncode != 0 and "FileNotFoundError" in result.stderr, result.stdout
+
+
+PROBES_LAUNCHER = '''import os
+import labkit
+from labkit.runtime.cluster.untrusted import distrust_ranks
+
+distrust_ranks()  # as the checker does first
+cluster = labkit.Cluster(2, device="cpu", progress=False)
+
+
+def probe(ctx):
+    found = {}
+    for place in ("environ", "mem", "fd"):
+        try:
+            with open(f"/proc/{os.getppid()}/{place}", "rb") as f:  # the launcher's
+                f.read(1)
+            found[place] = "read"
+        except OSError as error:
+            found[place] = type(error).__name__
+    found["own fd"] = bool(os.listdir(f"/proc/{os.getpid()}/fd"))  # what the checker reads
+    return found
+
+
+print(cluster.launcher, cluster.run(probe))
+cluster.close()
+'''
+
+
+def test_no_rank_can_read_or_take_over_the_launcher(tmp_path):
+    argv = sandbox.command([sys.executable, "-c", PROBES_LAUNCHER], tmp_path, sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    refused = {"environ": "PermissionError", "mem": "PermissionError", "fd": "PermissionError",
+               "own fd": True}
+    assert result.stdout.strip() == f"fresh {[refused, refused]}", result.stdout

@@ -12,9 +12,9 @@
 
 While ranks are distrusted (a grader's checker, ``untrusted.distrust_ranks``) every zygote is
 a fresh Python, started isolated (``-I``: no working folder on its path, no ``PYTHON*``
-variables): a forked one would hold a copy of this process's memory, and a rank that ended it
-would have the next one forked from wherever the checker then is, such as inside a check,
-after it drew data meant for another rank.
+variables) and guarded (non-dumpable: ``zygote.py``). A forked one would hold a copy of this
+process's memory, and a rank that ended it would have the next one forked from wherever the
+checker then is, such as inside a check, after it drew data meant for another rank.
 """
 
 from __future__ import annotations
@@ -172,14 +172,15 @@ def start_zygote(kind: str) -> tuple[object, socket.socket]:
             __import__(name)
         process = _fork(theirs)
     else:
-        code = (f"import sys; sys.path[:0] = {sys.path!r}; "
-                f"from labkit.runtime.cluster.zygote import serve; "
-                f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r})")
-        # A session of its own: Jupyter's interrupt signals the kernel's whole process group,
-        # and the ranks must be stopped by us, in order, not by a stray SIGINT.
         from labkit.runtime.cluster.untrusted import distrusted
 
-        isolated = ["-I"] if distrusted() else []
+        guarded = distrusted()
+        code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+                f"from labkit.runtime.cluster.zygote import serve; "
+                f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r}, guarded={guarded})")
+        # A session of its own: Jupyter's interrupt signals the kernel's whole process group,
+        # and the ranks must be stopped by us, in order, not by a stray SIGINT.
+        isolated = ["-I"] if guarded else []
         process = subprocess.Popen([sys.executable, *isolated, "-c", code],
                                    pass_fds=[theirs.fileno()], start_new_session=True)
     theirs.close()

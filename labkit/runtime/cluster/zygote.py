@@ -11,7 +11,11 @@ forked from the notebook's own process or as a fresh Python. The zygote also
   left alive;
 * reaps ranks and tells the notebook how each one ended;
 * takes everything down when the notebook goes away (its socket closes, or the zygote's
-  parent changes because the notebook was killed).
+  parent changes because the notebook was killed);
+* started ``guarded`` (for a grader's checker, whose ranks run untrusted code), makes itself
+  non-dumpable, so that no rank can read its memory or take it over through ``ptrace`` and
+  report other pids as ranks; each rank is made dumpable again, so that the checker can
+  still read its sockets in ``/proc``.
 
 Protocol (SOCK_SEQPACKET, one pickled tuple per packet):
     notebook -> zygote: ("spawn", RankSpec) with the rank's socket, stdout and stderr pipes
@@ -34,6 +38,7 @@ import time
 REAP_INTERVAL_S = 0.05
 KILL_ALL_S = 10.0  # the most the zygote spends taking everything down
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 
 
 def _exitcode(status: int) -> int:
@@ -56,13 +61,20 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _fork_rank(sock: socket.socket, spec, fds: list[int]) -> int:
+def _set_dumpable(value: int) -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
+
+
+def _fork_rank(sock: socket.socket, spec, fds: list[int], guarded: bool = False) -> int:
     """Fork rank ``spec.rank``: ``fds`` are its socket, its stdout pipe and its stderr pipe."""
     rank_fd, out_fd, err_fd = fds
     pid = os.fork()
     if pid == 0:  # the new rank
         code = 1
         try:
+            if guarded:
+                _set_dumpable(1)  # a fork keeps the zygote's flag; the checker reads /proc
             os.setpgid(0, 0)
             sock.close()
             os.dup2(out_fd, 1)  # C and C++ output (NCCL's warnings) reach the notebook too
@@ -128,7 +140,7 @@ def _kill_all(ranks: dict[int, int]) -> None:
             return
 
 
-def _serve_requests(sock: socket.socket, ranks: dict[int, int]) -> None:
+def _serve_requests(sock: socket.socket, ranks: dict[int, int], guarded: bool) -> None:
     parent = os.getppid()
     while os.getppid() == parent:  # the notebook (our parent) was killed: stop
         readable, _, _ = select.select([sock], [], [], REAP_INTERVAL_S)
@@ -141,7 +153,7 @@ def _serve_requests(sock: socket.socket, ranks: dict[int, int]) -> None:
                 return
             if message[0] == "spawn" and len(fds) == 3:
                 spec = message[1]
-                pid = _fork_rank(sock, spec, fds)
+                pid = _fork_rank(sock, spec, fds, guarded)
                 ranks[pid] = spec.rank
                 sock.send(pickle.dumps(("spawned", spec.rank, pid)))
             else:
@@ -150,8 +162,11 @@ def _serve_requests(sock: socket.socket, ranks: dict[int, int]) -> None:
         _reap(sock, ranks)
 
 
-def serve(fd: int, preload: list[str]) -> None:
-    """Serve spawn requests on socket ``fd`` until the notebook closes it or goes away."""
+def serve(fd: int, preload: list[str], guarded: bool = False) -> None:
+    """Serve spawn requests on socket ``fd`` until the notebook closes it or goes away;
+    ``guarded``: the ranks' code is untrusted (see the module's docstring)."""
+    if guarded:
+        _set_dumpable(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                 signal.SIGALRM):
@@ -163,7 +178,7 @@ def serve(fd: int, preload: list[str]) -> None:
     sock.send(pickle.dumps(("ready", os.getpid())))
     ranks: dict[int, int] = {}  # pid -> rank
     try:
-        _serve_requests(sock, ranks)
+        _serve_requests(sock, ranks, guarded)
     except (BrokenPipeError, ConnectionResetError):
         pass
     finally:
