@@ -10,6 +10,12 @@ readable in the sandbox where the installed labkit is not the only copy the sand
 2. Another installed copy of labkit under a prefix the sandbox binds but not on ``sys.path``
    (an older ``pip install`` into the base Python, or ``/usr/local``): never covered.
 
+3. A fresh launcher is dumpable from its exec until ``serve`` (after importing torch, about a
+   second): a process a rank left behind (its own session; it outlives the launcher a rank
+   ended) takes the next launcher's socket then (``pidfd_getfd``) and, once the launcher is
+   non-dumpable, takes the checker's spawn requests (the rank's connection) and reports a
+   pid of its choosing as the rank's.
+
 Only code that reads files runs, and only inside the sandbox.
 """
 
@@ -68,3 +74,87 @@ def test_another_copy_under_a_bound_prefix_never_shows_the_solutions(tmp_path, m
     (tmp_path / "job").mkdir()
     result = _read_in_sandbox(package / SOLUTION, tmp_path / "job")
     assert "FileNotFoundError" in result.stderr, ("readable", result.stdout)
+
+
+TAKES_OVER_LAUNCHER = r"""import os, sys, time, warnings
+warnings.simplefilter("ignore")
+import labkit
+from labkit.runtime.cluster.untrusted import distrust_ranks
+
+distrust_ranks()  # as the checker does first
+cluster = labkit.Cluster(2, device="cpu", progress=False, start_timeout=25)
+WATCHER = r'''
+import ctypes, os, pickle, re, socket, sys, time
+old, me = int(sys.argv[1]), os.getpid()
+def proof(text):
+    open("/tmp/proof", "a").write(text + "\n")
+deadline = time.time() + 90
+libc = ctypes.CDLL(None, use_errno=True)
+while time.time() < deadline:
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) in (old, me):
+            continue
+        try:
+            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if args[1:2] != [b"-I"] or (b"zygote imp" + b"ort serve") not in args[3]:
+            continue
+        n = int(re.search(rb"serve\((\d+),", args[3]).group(1))
+        pidfd = os.pidfd_open(int(p))
+        fd = libc.syscall(438, pidfd, n, 0)  # pidfd_getfd
+        if fd < 0:
+            proof(f"too late: errno {ctypes.get_errno()}"); sys.exit()
+        while True:
+            try:
+                open(f"/proc/{p}/environ", "rb").read(1)
+                time.sleep(0.02)
+            except PermissionError:
+                break
+            except FileNotFoundError:
+                proof(f"{p} ended before it became non-dumpable"); break
+        if not os.path.exists(f'/proc/{p}'):
+            continue
+        proof(f"launcher {p} is non-dumpable now; I hold its socket to the checker (fd {fd})")
+        sock = socket.socket(fileno=fd)
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        message = pickle.loads(data)
+        if message[0] == "spawn":
+            sock.send(pickle.dumps(("spawned", message[1].rank, 1)))
+        proof(f"took the checker's {message[0]!r} of rank {message[1].rank} "
+              f"with {len(fds)} fds; told it the rank's pid is 1")
+        time.sleep(60); sys.exit()
+    time.sleep(0.001)
+proof("no new launcher seen")
+'''
+
+
+def plant(ctx):
+    import signal, subprocess
+    if ctx.rank == 0:
+        subprocess.Popen([sys.executable, "-c", WATCHER, str(os.getppid())], start_new_session=True)
+        time.sleep(0.5)
+        os.kill(os.getppid(), signal.SIGKILL)  # the launcher
+    time.sleep(5)
+
+
+try:
+    cluster.run(plant)
+except Exception as e:
+    print("first run:", type(e).__name__)
+try:
+    print("second run:", cluster.run(lambda ctx: ctx.rank))
+except Exception as e:
+    print("second run:", type(e).__name__, str(e)[:200])
+print("pids the checker holds:", [h.pid for h in cluster._procs.ranks])
+time.sleep(0.5)
+print("PROOF:", open("/tmp/proof").read() if os.path.exists("/tmp/proof") else None)
+cluster.close()
+"""
+
+
+def test_no_process_a_rank_left_takes_over_the_next_launcher(tmp_path):
+    argv = sandbox.command([sys.executable, "-c", TAKES_OVER_LAUNCHER], tmp_path,
+                           sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert "I hold its socket" not in result.stdout, result.stdout
