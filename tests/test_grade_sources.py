@@ -115,15 +115,17 @@ def test_private_sources_are_released_and_graded_from_outside_the_repository(tmp
 @NEEDS_SANDBOX
 def test_a_run_past_its_time_limits_is_stopped_with_everything_it_started(tmp_path):
     slow = _notebook(("import time\ntime.sleep(600)", {}), ("1", CHECK))
+    (tmp_path / "course").mkdir()
+    nbformat.write(slow, tmp_path / "course" / "slow.ipynb")  # its own source
     nbformat.write(slow, tmp_path / "slow.ipynb")
     start = time.monotonic()
-    result = grade_submission(tmp_path / "slow.ipynb", QUIZZES, tmp_path, timeout=8,
+    result = grade_submission(tmp_path / "slow.ipynb", QUIZZES, tmp_path / "course", timeout=8,
                               cell_timeout=600)
     assert result.status == "timeout" and "stopped after 8 s" in result.detail, result.detail
     assert time.monotonic() - start < 30
     assert result.row()["exercise:ring_check"] == "not run"
-    result = grade_submission(tmp_path / "slow.ipynb", QUIZZES, tmp_path, timeout=60,
-                              cell_timeout=2)
+    result = grade_submission(tmp_path / "slow.ipynb", QUIZZES, tmp_path / "course",
+                              timeout=60, cell_timeout=2)
     assert result.status == "timeout" and "cell 1 raised CellTimeout" in result.detail
     assert not psutil.Process().children(recursive=True)
 
@@ -181,10 +183,12 @@ def test_quiz_answers_the_widget_could_not_have_saved_score_nothing():
     answers = {"why-clusters": {"first": True},  # JSON true: Python's 1, the right option
                "sum-of-ranks": {"first": [1]}, "everyone-must-join": {"first": 7},
                "algbw": {"first": float("nan")}}
+    past_float = dict(answers, algbw={"first": 10**400})
     measured = {"00_your_cluster": {"algbw": 1.0}}
     scores, notes = quiz_scores(_quiz_record(answers), QUIZZES, measured)
     assert scores == {"00_your_cluster": (0, 4)}, scores
     assert "quiz 00_your_cluster: 4 saved answer(s) do not parse: scored 0" in notes, notes
+    assert quiz_scores(_quiz_record(past_float), QUIZZES, measured)[0] == scores
     answers.update({"why-clusters": {"first": 1}, "algbw": {"first": 1}})
     assert quiz_scores(_quiz_record(answers), QUIZZES, measured)[0] == {
         "00_your_cluster": (2, 4)}
@@ -205,7 +209,7 @@ def test_a_source_behind_a_linked_folder_or_an_oversized_file_is_not_read(tmp_pa
     for learner, sources in (("mallory", private), ("eve", None)):
         result = grade_submission(tmp_path / "subs" / learner / "00_your_cluster.ipynb",
                                   QUIZZES, sources)
-        assert result.status == "unreadable" and "course's sources" in result.detail, result
+        assert result.status == "unreadable" and "the course's sources" in result.detail, result
         assert result.row()["points"] == 0
     monkeypatch.setattr(grading, "MAX_NOTEBOOK_BYTES", 1000)
     big = tmp_path / "big.ipynb"

@@ -105,7 +105,7 @@ class Run:
         from labkit.lessons.exercise.result import CheckResult
         from labkit.runtime.cluster.untrusted import distrust_ranks
 
-        distrust_ranks()
+        distrust_ranks(contained=bool(spec.get("sandboxed")))
         mark_checker_process()
         self.spec, self.channel, self.hidden, self.result_type = spec, channel, hidden, CheckResult
         self.shown: list = []

@@ -138,7 +138,10 @@ def _answer_parses(question, first) -> bool:
         return False
     if question.kind == "choice":
         return isinstance(first, int) and 0 <= first < len(question.options)
-    return isinstance(first, (int, float)) and math.isfinite(first)
+    try:
+        return isinstance(first, (int, float)) and math.isfinite(float(first))
+    except OverflowError:  # an int past float's range: 10**400
+        return False
 
 
 @dataclass
@@ -228,11 +231,11 @@ def _refused(path: Path, source_dir: Path | None) -> str:
     if path.is_symlink() or not path.is_file():
         # read as the grader, a link could point at any of its files (/etc/shadow as root)
         return "not a regular file (a symbolic link, a device or a folder): not read"
-    real = path.resolve()
-    if any(real.is_relative_to(Path(place).resolve()) for place in
-           {source_dir, REPO / "course"} if place is not None and Path(place).is_dir()):
-        # a folder on its path is a link into the sources: it would be graded as the learner's
-        return "it lies in the course's sources (a link on its path leads there): not read"
+    sources = [s for place in {source_dir, REPO / "course"} if place is not None
+               for s in Path(place).glob("*.ipynb")]
+    if any(os.path.samefile(path, source) for source in sources):
+        # reached through a linked folder (or a hard link): it would be graded as the learner's
+        return "it is one of the course's sources (a link on its path leads there): not read"
     if path.stat().st_size > MAX_NOTEBOOK_BYTES:
         return (f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB, more than any notebook of "
                 "the course with its outputs: not read")

@@ -95,21 +95,33 @@ def _mounts(job: Path) -> list[tuple[str, str, str]]:
                      ("--ro-bind", str(job), "/job")]
 
 
+# Where an installed labkit may lie below a mounted folder (a prefix, /usr, /lib).
+SITE_FOLDERS = ("lib/python3*/site-packages", "lib/python3*/dist-packages",
+                "lib/python3/dist-packages", "local/lib/python3*/site-packages",
+                "local/lib/python3*/dist-packages", "lib64/python3*/site-packages",
+                "python3*/site-packages", "python3*/dist-packages", "python3/dist-packages")
+
+
 def _hidden_materials() -> list[str]:
-    """The package's ``notebooks/`` wherever the sandbox would show it: installed from a wheel
-    (not a checkout, where it is a link that leads nowhere inside) it is a folder holding the
-    reference solutions, under labkit's mount and under the Python prefix it lies in. The
-    checker reads none of it (the quizzes come from the job's copy)."""
-    package = Path(labkit.__file__).resolve().parent
-    found = []
-    for place in {package, *(Path(p).resolve() / "labkit" for p in sys.path if p)}:
-        folder = place / "notebooks"
-        if folder.is_dir() and not folder.is_symlink():
-            if place == package:
-                found.append(f"{LABKIT_MOUNT}/labkit/notebooks")
-            if any(folder.is_relative_to(prefix) for prefix in _python_paths()):
-                found.append(str(folder))
-    return sorted(set(found))
+    """Every installed labkit's ``notebooks/`` the sandbox would show, as the sandbox names it.
+    Installed from a wheel (not a checkout, where it is a link that leads nowhere inside) it is
+    a folder holding the reference solutions: under labkit's mount, and in the site folders of
+    every mounted prefix and system folder, found through the mounted (unresolved) paths, since
+    a prefix reached through a link is mounted at the link's path. The checker reads none of it
+    (the quizzes come from the job's copy)."""
+    found = set()
+    package = Path(labkit.__file__).parent / "notebooks"
+    if package.is_dir() and not package.is_symlink():
+        found.add(f"{LABKIT_MOUNT}/labkit/notebooks")
+    roots = [Path(p) for p in [*_python_paths(), *SYSTEM] if not p.startswith("/etc")]
+    folders = [Path(os.path.abspath(p)) / "labkit" / "notebooks" for p in sys.path if p]
+    folders += [f for root in roots for site in SITE_FOLDERS
+                for f in root.glob(f"{site}/labkit/notebooks")]
+    for folder in folders:
+        if (folder.is_dir() and not folder.is_symlink()
+                and any(folder.is_relative_to(root) for root in roots)):
+            found.add(str(folder))
+    return sorted(found)
 
 
 def bwrap_arguments(job: Path, limits: Limits, uid: int | None) -> list[str]:

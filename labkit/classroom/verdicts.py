@@ -216,7 +216,8 @@ def prepare_job(job: Path, spec: dict, quiz_dir: Path, sandboxed: bool) -> None:
     """``job/spec.json`` and ``job/quizzes/`` for ``run_checker``, readable by the sandbox's
     own user (nothing in them is secret: the learners' cells and the public quiz files)."""
     shutil.copytree(quiz_dir, job / "quizzes")
-    spec = dict(spec, quiz_dir="/job/quizzes" if sandboxed else str(job / "quizzes"))
+    spec = dict(spec, quiz_dir="/job/quizzes" if sandboxed else str(job / "quizzes"),
+                sandboxed=sandboxed)
     (job / "spec.json").write_text(json.dumps(spec))
     for path in [job, *job.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -12,9 +12,12 @@
 
 While ranks are distrusted (a grader's checker, ``untrusted.distrust_ranks``) every zygote is
 a fresh Python, started isolated (``-I``: no working folder on its path, no ``PYTHON*``
-variables) and guarded (non-dumpable: ``zygote.py``). A forked one would hold a copy of this
-process's memory, and a rank that ended it would have the next one forked from wherever the
-checker then is, such as inside a check, after it drew data meant for another rank.
+variables) and guarded (non-dumpable from its first statement: ``zygote.py``). A forked one
+would hold a copy of this process's memory, and a rank that ended it would have the next one
+forked from wherever the checker then is, such as inside a check, after it drew data meant for
+another rank. In a sandbox of its own (``untrusted.distrust_ranks(contained=True)``), what
+earlier ranks left behind is killed first (``end_strays``): such a process could attach to the
+new zygote between its start and its first statement.
 """
 
 from __future__ import annotations
@@ -164,6 +167,36 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
         os._exit(0)  # never the notebook's exit handlers
 
 
+# A guarded zygote's first statement: non-dumpable before it imports anything.
+GUARD = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE, 0
+STRAY_ROUNDS = 50
+
+
+def end_strays() -> int:
+    """Kill every process of this pid namespace that is neither this process, an ancestor nor a
+    descendant: in a sandbox of its own, what ranks left behind (reparented to its init once
+    their ranks ended), which could otherwise attach to a new zygote in the moment before it
+    becomes non-dumpable. Rounds until none is left (one may fork while others die). How many
+    were killed."""
+    import psutil
+
+    me, killed = psutil.Process(), 0
+    for _ in range(STRAY_ROUNDS):
+        keep = {me.pid, *(p.pid for p in me.parents())}
+        keep |= {p.pid for p in me.children(recursive=True)}
+        strays = [p for p in psutil.process_iter() if p.pid not in keep]
+        if not strays:
+            break
+        for process in strays:
+            try:
+                process.kill()
+                killed += 1
+            except psutil.Error:
+                pass
+        psutil.wait_procs(strays, timeout=0.5)
+    return killed
+
+
 def start_zygote(kind: str) -> tuple[object, socket.socket]:
     """Start a zygote of ``kind`` ("fork" or "fresh"); return (process, our socket)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -172,10 +205,12 @@ def start_zygote(kind: str) -> tuple[object, socket.socket]:
             __import__(name)
         process = _fork(theirs)
     else:
-        from labkit.runtime.cluster.untrusted import distrusted
+        from labkit.runtime.cluster.untrusted import contained, distrusted
 
         guarded = distrusted()
-        code = (f"import sys; sys.path[:0] = {sys.path!r}; "
+        if guarded and contained():
+            end_strays()
+        code = ((GUARD if guarded else "") + f"import sys; sys.path[:0] = {sys.path!r}; "
                 f"from labkit.runtime.cluster.zygote import serve; "
                 f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r}, guarded={guarded})")
         # A session of its own: Jupyter's interrupt signals the kernel's whole process group,

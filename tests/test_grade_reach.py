@@ -1,22 +1,16 @@
-"""A second hostile review of the grader (rev27y): the package's reference solutions are still
-readable in the sandbox where the installed labkit is not the only copy the sandbox shows.
+"""More of what a graded submission's ranks must not reach.
 
 1. A Python prefix reached through a symbolic link (a venv under a linked home or ``/tmp``,
-   ``current -> release-3``): the sandbox binds the prefix at its linked path, while
-   ``_hidden_materials`` covers the *resolved* path, which the sandbox does not show.
-   End to end: ``ln -s venv alias; alias/bin/python -m labkit grade`` of a notebook 00 whose
-   answer reads ``<sys.path entry>/labkit/notebooks/solutions/00_your_cluster.json`` and
-   execs it earns 3/3.
-2. Another installed copy of labkit under a prefix the sandbox binds but not on ``sys.path``
-   (an older ``pip install`` into the base Python, or ``/usr/local``): never covered.
+   ``current -> release-3``) is mounted at the link's path: the package's solutions there
+   are covered at that path, not only at the resolved one.
+2. Another installed copy of labkit under a mounted prefix but not on ``sys.path`` (an older
+   ``pip install`` into the base Python, or ``/usr/local``) is covered too.
+3. A process a rank left behind (a session of its own, outliving the launcher that rank
+   ended) watches for the next launcher, to take its socket to the checker (``pidfd_getfd``)
+   before the launcher is non-dumpable and then answer the checker's spawn requests with a
+   pid of its choosing: it is killed before any new launcher starts.
 
-3. A fresh launcher is dumpable from its exec until ``serve`` (after importing torch, about a
-   second): a process a rank left behind (its own session; it outlives the launcher a rank
-   ended) takes the next launcher's socket then (``pidfd_getfd``) and, once the launcher is
-   non-dumpable, takes the checker's spawn requests (the rank's connection) and reports a
-   pid of its choosing as the rank's.
-
-Only code that reads files runs, and only inside the sandbox.
+The attacks run only inside the sandbox.
 """
 
 from __future__ import annotations
@@ -81,18 +75,19 @@ warnings.simplefilter("ignore")
 import labkit
 from labkit.runtime.cluster.untrusted import distrust_ranks
 
-distrust_ranks()  # as the checker does first
+distrust_ranks(contained=True)  # as the checker does first, in its sandbox
 cluster = labkit.Cluster(2, device="cpu", progress=False, start_timeout=25)
 WATCHER = r'''
 import ctypes, os, pickle, re, socket, sys, time
 old, me = int(sys.argv[1]), os.getpid()
+before = {int(p) for p in os.listdir("/proc") if p.isdigit()}  # this generation's ranks
 def proof(text):
     open("/tmp/proof", "a").write(text + "\n")
 deadline = time.time() + 90
 libc = ctypes.CDLL(None, use_errno=True)
 while time.time() < deadline:
     for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) in (old, me):
+        if not p.isdigit() or int(p) in (old, me) or int(p) in before:
             continue
         try:
             args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
