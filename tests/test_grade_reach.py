@@ -4,7 +4,8 @@
    ``current -> release-3``) is mounted at the link's path: the package's solutions there
    are covered at that path, not only at the resolved one.
 2. Another installed copy of labkit under a mounted prefix but not on ``sys.path`` (an older
-   ``pip install`` into the base Python, or ``/usr/local``) is covered too.
+   ``pip install`` into the base Python, a conda base's environments, a ``--target`` folder)
+   is covered too.
 3. A process a rank left behind (a session of its own, outliving the launcher that rank
    ended) watches for the next launcher, to take its socket to the checker (``pidfd_getfd``)
    before the launcher is non-dumpable and then answer the checker's spawn requests with a
@@ -63,11 +64,16 @@ def test_a_prefix_behind_a_link_never_shows_the_solutions(tmp_path, monkeypatch)
 def test_another_copy_under_a_bound_prefix_never_shows_the_solutions(tmp_path, monkeypatch):
     site = tmp_path / "base" / "lib" / "python3" / "site-packages"  # not on sys.path
     package = _wheel_layout(site)
+    # a conda base's environments lie below it; a --target install anywhere
+    nested = _wheel_layout(tmp_path / "base" / "envs" / "course" / "lib" / "python3.11" /
+                           "site-packages")
+    target = _wheel_layout(tmp_path / "base" / "opt" / "deps")
     prefixes = sandbox._python_paths() + [str(tmp_path / "base")]
     monkeypatch.setattr(sandbox, "_python_paths", lambda: prefixes)
     (tmp_path / "job").mkdir()
-    result = _read_in_sandbox(package / SOLUTION, tmp_path / "job")
-    assert "FileNotFoundError" in result.stderr, ("readable", result.stdout)
+    for copy in (package, nested, target):
+        result = _read_in_sandbox(copy / SOLUTION, tmp_path / "job")
+        assert "FileNotFoundError" in result.stderr, ("readable", copy, result.stdout)
 
 
 TAKES_OVER_LAUNCHER = r"""import os, sys, time, warnings
@@ -153,3 +159,41 @@ def test_no_process_a_rank_left_takes_over_the_next_launcher(tmp_path):
                            sandbox.Limits())
     result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert "I hold its socket" not in result.stdout, result.stdout
+
+
+_HEAD, _REST = TAKES_OVER_LAUNCHER.split("def plant(ctx):", 1)
+# The watcher started by a rank of a second, live cluster: it stays a descendant of the
+# checker (below that cluster's zygote) while the first cluster's next launcher starts.
+FROM_ANOTHER_CLUSTER = _HEAD.replace(
+    'cluster = labkit.Cluster(2, device="cpu", progress=False, start_timeout=25)',
+    'cluster = labkit.Cluster(2, device="cpu", progress=False, start_timeout=25)\n'
+    'other = labkit.Cluster(1, device="cpu", progress=False, start_timeout=25)') + r"""
+def plant_watcher(ctx):
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", WATCHER, "0"], start_new_session=True)
+    time.sleep(1.0)
+
+
+def kill_launcher(ctx):
+    import signal
+    if ctx.rank == 0:
+        os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(2)
+
+
+other.run(plant_watcher)
+try:
+    cluster.run(kill_launcher)
+except Exception as e:
+    print("first run:", type(e).__name__)
+print("other cluster:", other.run(lambda ctx: ctx.rank))
+try:""" + _REST.split("try:", 1)[1]
+
+
+def test_no_process_of_another_live_cluster_takes_over_the_next_launcher(tmp_path):
+    argv = sandbox.command([sys.executable, "-c", FROM_ANOTHER_CLUSTER], tmp_path,
+                           sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert "I hold its socket" not in result.stdout, result.stdout
+    assert "second run: [0, 1]" in result.stdout, result.stdout  # both clusters still work
+    assert "other cluster: [0]" in result.stdout, result.stdout

@@ -95,32 +95,37 @@ def _mounts(job: Path) -> list[tuple[str, str, str]]:
                      ("--ro-bind", str(job), "/job")]
 
 
-# Where an installed labkit may lie below a mounted folder (a prefix, /usr, /lib).
-SITE_FOLDERS = ("lib/python3*/site-packages", "lib/python3*/dist-packages",
-                "lib/python3/dist-packages", "local/lib/python3*/site-packages",
-                "local/lib/python3*/dist-packages", "lib64/python3*/site-packages",
-                "python3*/site-packages", "python3*/dist-packages", "python3/dist-packages")
+@functools.lru_cache(maxsize=64)
+def _materials_below(real_root: str) -> tuple[str, ...]:
+    """Every ``labkit/notebooks`` folder (not a link) below ``real_root``: a walk of the tree,
+    links not followed (about 3 s for /usr and a venv here, once a process)."""
+    found = []
+    for folder, subfolders, _ in os.walk(real_root):
+        if os.path.basename(folder) == "labkit" and "notebooks" in subfolders:
+            path = os.path.join(folder, "notebooks")
+            if not os.path.islink(path):
+                found.append(path)
+    return tuple(found)
 
 
 def _hidden_materials() -> list[str]:
     """Every installed labkit's ``notebooks/`` the sandbox would show, as the sandbox names it.
     Installed from a wheel (not a checkout, where it is a link that leads nowhere inside) it is
-    a folder holding the reference solutions: under labkit's mount, and in the site folders of
-    every mounted prefix and system folder, found through the mounted (unresolved) paths, since
-    a prefix reached through a link is mounted at the link's path. The checker reads none of it
-    (the quizzes come from the job's copy)."""
+    a folder holding the reference solutions: under labkit's mount, and anywhere below a
+    mounted prefix or system folder (a conda base holds its envs, a venv may sit in
+    /usr/local), named by the mounted, unresolved path (a prefix reached through a link is
+    mounted at the link's path). The checker reads none of it (the quizzes come from the
+    job's copy)."""
     found = set()
     package = Path(labkit.__file__).parent / "notebooks"
     if package.is_dir() and not package.is_symlink():
         found.add(f"{LABKIT_MOUNT}/labkit/notebooks")
-    roots = [Path(p) for p in [*_python_paths(), *SYSTEM] if not p.startswith("/etc")]
-    folders = [Path(os.path.abspath(p)) / "labkit" / "notebooks" for p in sys.path if p]
-    folders += [f for root in roots for site in SITE_FOLDERS
-                for f in root.glob(f"{site}/labkit/notebooks")]
-    for folder in folders:
-        if (folder.is_dir() and not folder.is_symlink()
-                and any(folder.is_relative_to(root) for root in roots)):
-            found.add(str(folder))
+    roots = [p for p in [*_python_paths(), "/usr", "/lib", "/lib64", "/lib32"]
+             if os.path.isdir(p)]
+    for root in roots:
+        real = os.path.realpath(root)
+        for path in _materials_below(real):
+            found.add(os.path.join(root, os.path.relpath(path, real)))
     return sorted(found)
 
 

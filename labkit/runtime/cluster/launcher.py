@@ -15,16 +15,18 @@ a fresh Python, started isolated (``-I``: no working folder on its path, no ``PY
 variables) and guarded (non-dumpable from its first statement: ``zygote.py``). A forked one
 would hold a copy of this process's memory, and a rank that ended it would have the next one
 forked from wherever the checker then is, such as inside a check, after it drew data meant for
-another rank. In a sandbox of its own (``untrusted.distrust_ranks(contained=True)``), what
-earlier ranks left behind is killed first (``end_strays``): such a process could attach to the
-new zygote between its start and its first statement.
+another rank. In a sandbox of its own (``untrusted.distrust_ranks(contained=True)``), every
+other process is stopped or killed while a zygote starts (``others_held``): learner code could
+attach to the new zygote between its start and its first statement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -169,32 +171,53 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
 
 # A guarded zygote's first statement: non-dumpable before it imports anything.
 GUARD = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE, 0
-STRAY_ROUNDS = 50
+HOLD_ROUNDS = 50
 
 
-def end_strays() -> int:
-    """Kill every process of this pid namespace that is neither this process, an ancestor nor a
-    descendant: in a sandbox of its own, what ranks left behind (reparented to its init once
-    their ranks ended), which could otherwise attach to a new zygote in the moment before it
-    becomes non-dumpable. Rounds until none is left (one may fork while others die). How many
-    were killed."""
+@contextlib.contextmanager
+def others_held():
+    """While a guarded zygote starts (``with others_held(): ...`` until its hello), in a sandbox
+    of its own (``untrusted.distrust_ranks(contained=True)``): every other process there is
+    learner code that could attach to the new zygote before its first statement makes it
+    non-dumpable. Those that are neither this process's ancestors nor its descendants (what
+    ranks of an ended zygote left, reparented to the sandbox's init) are killed; descendants
+    (another cluster's zygote, its ranks and what they started) are stopped with SIGSTOP and
+    continued afterwards. Rounds until every one is stopped or gone (one may fork meanwhile).
+    Elsewhere it does nothing."""
+    from labkit.runtime.cluster.untrusted import contained, distrusted
+
+    if not (distrusted() and contained()):
+        yield
+        return
     import psutil
 
-    me, killed = psutil.Process(), 0
-    for _ in range(STRAY_ROUNDS):
-        keep = {me.pid, *(p.pid for p in me.parents())}
-        keep |= {p.pid for p in me.children(recursive=True)}
-        strays = [p for p in psutil.process_iter() if p.pid not in keep]
-        if not strays:
-            break
-        for process in strays:
-            try:
-                process.kill()
-                killed += 1
-            except psutil.Error:
-                pass
-        psutil.wait_procs(strays, timeout=0.5)
-    return killed
+    me = psutil.Process()
+    ancestors, stopped = {me.pid, *(p.pid for p in me.parents())}, []
+    try:
+        for _ in range(HOLD_ROUNDS):
+            mine = {p.pid for p in me.children(recursive=True)}
+            acted = False
+            for process in psutil.process_iter():
+                try:
+                    if process.pid in ancestors or process.status() in (
+                            psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                        continue
+                    if process.pid in mine:
+                        process.send_signal(signal.SIGSTOP)
+                        stopped.append(process)
+                    else:
+                        process.kill()
+                    acted = True
+                except psutil.Error:
+                    pass
+            if not acted:
+                break
+            time.sleep(0.01)  # let the signals land before looking again
+        yield
+    finally:
+        for process in stopped:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
 
 
 def start_zygote(kind: str) -> tuple[object, socket.socket]:
@@ -205,11 +228,9 @@ def start_zygote(kind: str) -> tuple[object, socket.socket]:
             __import__(name)
         process = _fork(theirs)
     else:
-        from labkit.runtime.cluster.untrusted import contained, distrusted
+        from labkit.runtime.cluster.untrusted import distrusted
 
         guarded = distrusted()
-        if guarded and contained():
-            end_strays()
         code = ((GUARD if guarded else "") + f"import sys; sys.path[:0] = {sys.path!r}; "
                 f"from labkit.runtime.cluster.zygote import serve; "
                 f"serve({theirs.fileno()}, {list(ZYGOTE_PRELOAD)!r}, guarded={guarded})")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from labkit.runtime.cluster.errors import ClusterError
-from labkit.runtime.cluster.launcher import start_zygote
+from labkit.runtime.cluster.launcher import others_held, start_zygote
 from labkit.runtime.cluster.output import RankStream, drain
 from labkit.runtime.cluster.untrusted import loads
 from labkit.runtime.cluster.zygote import kill_group
@@ -56,8 +56,16 @@ class Processes:
         """Start the zygote and wait for its hello; a forked one that stays silent is
         replaced by a fresh one (a lock held by a thread of this process at fork time)."""
         self.drop_zygote()
-        self.zygote, self.zygote_sock = start_zygote(kind)
-        self.kind = kind
+        with others_held():  # a grader's sandbox: nothing else runs until the hello
+            self.zygote, self.zygote_sock = start_zygote(kind)
+            self.kind = kind
+            ready = self._hello(kind, deadline)
+        if not ready:
+            return self.start_zygote("fresh", deadline)
+        self.read_zygote()
+
+    def _hello(self, kind: str, deadline: float) -> bool:
+        """Wait for the new zygote's hello; False: a forked one stayed silent (try fresh)."""
         limit = min(deadline, time.monotonic() + FORK_READY_S) if kind == "fork" else deadline
         while not wait([self.zygote_sock], timeout=0.05):
             if self.zygote.poll() is not None:
@@ -66,9 +74,9 @@ class Processes:
             if time.monotonic() > limit:
                 self.drop_zygote()
                 if kind == "fork" and time.monotonic() < deadline:
-                    return self.start_zygote("fresh", deadline)
+                    return False
                 raise ClusterError("the rank launcher did not start in time")
-        self.read_zygote()
+        return True
 
     def drop_zygote(self) -> None:
         """Forget a zygote (stopping it if it still runs)."""
