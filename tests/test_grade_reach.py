@@ -9,7 +9,9 @@
 3. A process a rank left behind (a session of its own, outliving the launcher that rank
    ended) watches for the next launcher, to take its socket to the checker (``pidfd_getfd``)
    before the launcher is non-dumpable and then answer the checker's spawn requests with a
-   pid of its choosing: it is killed before any new launcher starts.
+   pid of its choosing: while a launcher starts nothing else in the sandbox runs, whether
+   it was left behind, belongs to another live cluster, or shows as a zombie (its main
+   thread ended, another thread running).
 
 The attacks run only inside the sandbox.
 """
@@ -197,3 +199,19 @@ def test_no_process_of_another_live_cluster_takes_over_the_next_launcher(tmp_pat
     assert "I hold its socket" not in result.stdout, result.stdout
     assert "second run: [0, 1]" in result.stdout, result.stdout  # both clusters still work
     assert "other cluster: [0]" in result.stdout, result.stdout
+
+
+# The watcher in a second thread, its main thread ended: the process shows as a zombie.
+ZOMBIE_LEADER = TAKES_OVER_LAUNCHER.replace(
+    '[sys.executable, "-c", WATCHER, str(os.getppid())]',
+    '[sys.executable, "-c", "import ctypes, sys, threading, time; W = sys.argv[1]; '
+    'sys.argv = sys.argv[1:]; threading.Thread(target=exec, args=(W, {})).start(); '
+    'time.sleep(0.1); ctypes.CDLL(None).syscall(60, 0)", WATCHER, str(os.getppid())]')
+
+
+def test_a_process_that_looks_like_a_zombie_is_held_too(tmp_path):
+    assert "syscall(60" in ZOMBIE_LEADER  # SYS_exit: the main thread alone
+    argv = sandbox.command([sys.executable, "-c", ZOMBIE_LEADER], tmp_path, sandbox.Limits())
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert "I hold its socket" not in result.stdout, result.stdout
+    assert "second run: [0, 1]" in result.stdout, result.stdout

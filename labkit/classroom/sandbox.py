@@ -71,10 +71,11 @@ def sandbox_uid() -> int:
 
 def _python_paths() -> list[str]:
     """This Python's installation (never the current folder, a repository or ``PYTHONPATH``:
-    they may hold the sources)."""
+    they may hold the sources; never ``/``, a Python at ``/bin/python3`` being in the system
+    folders mounted anyway)."""
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix,
                 str(Path(os.path.realpath(sys.executable)).parent.parent)}
-    return sorted(p for p in prefixes if Path(p).exists())
+    return sorted(p for p in prefixes if Path(p).exists() and Path(p).resolve() != Path("/"))
 
 
 @functools.lru_cache(maxsize=1)

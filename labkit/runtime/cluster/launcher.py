@@ -171,19 +171,18 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
 
 # A guarded zygote's first statement: non-dumpable before it imports anything.
 GUARD = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE, 0
-HOLD_ROUNDS = 50
-
-
 @contextlib.contextmanager
 def others_held():
     """While a guarded zygote starts (``with others_held(): ...`` until its hello), in a sandbox
     of its own (``untrusted.distrust_ranks(contained=True)``): every other process there is
     learner code that could attach to the new zygote before its first statement makes it
-    non-dumpable. Those that are neither this process's ancestors nor its descendants (what
-    ranks of an ended zygote left, reparented to the sandbox's init) are killed; descendants
-    (another cluster's zygote, its ranks and what they started) are stopped with SIGSTOP and
-    continued afterwards. Rounds until every one is stopped or gone (one may fork meanwhile).
-    Elsewhere it does nothing."""
+    non-dumpable. All of them are stopped at once (``kill(-1, SIGSTOP)``: every process this
+    one may signal, which in its pid namespace is every one but init and itself; the kernel
+    lets no fork slip past it), whatever state they report (a process whose main thread
+    has exited shows as a zombie while its other threads run). Then those that are neither
+    this process's ancestors nor its descendants (what ranks of an ended zygote left,
+    reparented to the sandbox's init) are killed; the rest (another cluster's zygote, its
+    ranks and what they started) are continued afterwards. Elsewhere it does nothing."""
     from labkit.runtime.cluster.untrusted import contained, distrusted
 
     if not (distrusted() and contained()):
@@ -191,33 +190,20 @@ def others_held():
         return
     import psutil
 
-    me = psutil.Process()
-    ancestors, stopped = {me.pid, *(p.pid for p in me.parents())}, []
+    with contextlib.suppress(ProcessLookupError):  # no other process: nothing to stop
+        os.kill(-1, signal.SIGSTOP)
     try:
-        for _ in range(HOLD_ROUNDS):
-            mine = {p.pid for p in me.children(recursive=True)}
-            acted = False
-            for process in psutil.process_iter():
-                try:
-                    if process.pid in ancestors or process.status() in (
-                            psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                        continue
-                    if process.pid in mine:
-                        process.send_signal(signal.SIGSTOP)
-                        stopped.append(process)
-                    else:
-                        process.kill()
-                    acted = True
-                except psutil.Error:
-                    pass
-            if not acted:
-                break
-            time.sleep(0.01)  # let the signals land before looking again
+        me = psutil.Process()
+        keep = {me.pid, *(p.pid for p in me.parents())}
+        keep |= {p.pid for p in me.children(recursive=True)}
+        for pid in psutil.pids():
+            if pid not in keep:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         yield
     finally:
-        for process in stopped:
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGCONT)
 
 
 def start_zygote(kind: str) -> tuple[object, socket.socket]:
