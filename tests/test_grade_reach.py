@@ -215,3 +215,14 @@ def test_a_process_that_looks_like_a_zombie_is_held_too(tmp_path):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert "I hold its socket" not in result.stdout, result.stdout
     assert "second run: [0, 1]" in result.stdout, result.stdout
+
+
+def test_the_hold_runs_only_in_the_sandboxs_own_pid_namespace(tmp_path):
+    from labkit.runtime.cluster.launcher import in_sandbox_namespace
+
+    assert not in_sandbox_namespace()  # here kill(-1, SIGSTOP) would stop every process
+    code = ("from labkit.runtime.cluster.launcher import in_sandbox_namespace; "
+            "print(in_sandbox_namespace())")
+    argv = sandbox.command([sys.executable, "-c", code], tmp_path, sandbox.Limits())
+    assert subprocess.run(argv, capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "True"
