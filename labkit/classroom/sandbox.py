@@ -4,8 +4,9 @@ What a graded submission's checker and ranks get (``command``):
 
 * a filesystem of their own: read-only, the system (``/usr``, ``/lib``, ``/bin``, ``/sys``, a
   few files of ``/etc``), this Python's installation (its prefixes), labkit's package alone at
-  ``/opt/labkit/labkit`` (never the repository around it; its ``notebooks/``, which holds the
-  reference solutions where labkit is installed from a wheel, covered by an empty folder) and
+  ``/opt/labkit/labkit`` (never the repository around it; every installed labkit's
+  ``notebooks/`` the sandbox shows, which holds the reference solutions where labkit is
+  installed from a wheel, covered by an empty folder: ``_hidden_materials``) and
   the job's folder (the spec and the quiz files) at ``/job``; writable, only a size-limited
   tmpfs at ``/tmp`` (the working folder), and ``/dev/shm`` alike. Nothing else: not the
   grader's home, not the course sources, not the other submissions, not the grades file;

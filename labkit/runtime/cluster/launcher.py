@@ -171,6 +171,8 @@ def _fork(theirs: socket.socket) -> ForkedZygote:
 
 # A guarded zygote's first statement: non-dumpable before it imports anything.
 GUARD = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "  # PR_SET_DUMPABLE, 0
+
+
 def in_sandbox_namespace() -> bool:
     """Whether this process runs directly under bubblewrap's init in a pid namespace of its own
     (the grader's sandbox: its checker is pid 2, child of ``bwrap`` at pid 1)."""

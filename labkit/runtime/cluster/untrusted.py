@@ -31,8 +31,8 @@ class UntrustedPickle(pickle.UnpicklingError):
 def distrust_ranks(contained: bool = False) -> None:
     """From now on, in this process, read everything ranks send with ``loads`` (no way back).
     ``contained``: this process runs in a pid namespace of its own (the grader's sandbox),
-    where any process that is neither its ancestor nor its descendant was left by ranks, and
-    is killed before a rank launcher starts (``launcher.py``)."""
+    where every other process is learner code, held (stopped or killed) while a rank launcher
+    starts (``launcher.others_held``)."""
     global _DISTRUSTED, _CONTAINED
     _DISTRUSTED, _CONTAINED = True, _CONTAINED or contained
 

@@ -12,8 +12,9 @@ forked from the notebook's own process or as a fresh Python. The zygote also
 * reaps ranks and tells the notebook how each one ended;
 * takes everything down when the notebook goes away (its socket closes, or the zygote's
   parent changes because the notebook was killed);
-* started ``guarded`` (for a grader's checker, whose ranks run untrusted code), makes itself
-  non-dumpable, so that no rank can read its memory or take it over through ``ptrace`` and
+* started ``guarded`` (for a grader's checker, whose ranks run untrusted code), is
+  non-dumpable from its first statement (``launcher.GUARD``, before any import), so that no
+  rank can read its memory or take it over through ``ptrace`` and
   report other pids as ranks; each rank is made dumpable again, so that the checker can
   still read its sockets in ``/proc``.
 
@@ -165,8 +166,6 @@ def _serve_requests(sock: socket.socket, ranks: dict[int, int], guarded: bool) -
 def serve(fd: int, preload: list[str], guarded: bool = False) -> None:
     """Serve spawn requests on socket ``fd`` until the notebook closes it or goes away;
     ``guarded``: the ranks' code is untrusted (see the module's docstring)."""
-    if guarded:
-        _set_dumpable(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                 signal.SIGALRM):
